@@ -1,0 +1,27 @@
+# Everything a fresh machine needs: `make train` (the CPU demo) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install train test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# the CPU wheel of torch first, so the range in pyproject pulls no CUDA build
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Train the default agent on CPU, evaluate before/after on held-out tasks, print the table.
+train: $(STAMP)
+	$(BIN)/python -m turnrl.train $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun

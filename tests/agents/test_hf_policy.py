@@ -1,0 +1,115 @@
+"""TransformersPolicy: batched sampling with a KV cache and left padding."""
+
+import pytest
+import torch
+
+from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.algorithms import token_logprobs
+from turnrl.envs import CalcMathEnv, GuessNumberEnv
+
+
+@pytest.fixture(scope="module")
+def prompts(renderer, tokenizer):
+    """Prompts of clearly different lengths: a GuessNumber opening, a later GuessNumber
+    turn and a (long) CalcMath opening."""
+    guess, _ = GuessNumberEnv().reset(seed=3)
+    calc, _ = CalcMathEnv().reset(seed=3)
+    later = renderer.start(list(guess))
+    ids = tokenizer("16", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    renderer.add_sampled(later, ids, [0.0] * len(ids))
+    renderer.add_observation(later, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
+    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc)).token_ids, later.token_ids]
+    assert len({len(p) for p in out}) == 3
+    return out
+
+
+GREEDY = SamplingParams(max_new_tokens=10, greedy=True)
+
+
+def test_greedy_generation_is_deterministic(tiny_model, tokenizer, prompts):
+    runs = [TransformersPolicy(tiny_model, tokenizer, seed=s).generate(prompts, GREEDY) for s in (0, 0, 7)]
+    for other in runs[1:]:
+        assert [g.token_ids for g in other] == [g.token_ids for g in runs[0]]
+        assert [g.logprobs for g in other] == [g.logprobs for g in runs[0]]
+
+
+def test_sampling_with_the_same_seed_repeats_and_another_seed_differs(tiny_model, tokenizer, prompts):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    a, b, c = (TransformersPolicy(tiny_model, tokenizer, seed=s).generate(prompts, params) for s in (5, 5, 6))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_left_padded_batch_equals_each_prompt_alone(tiny_model, tokenizer, prompts):
+    policy = TransformersPolicy(tiny_model, tokenizer)
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    batched = policy.generate(prompts, params)
+    for prompt, gen in zip(prompts, batched):
+        (alone,) = policy.generate([prompt], params)
+        assert gen.token_ids == alone.token_ids
+        assert gen.finish_reason == alone.finish_reason
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, alone.logprobs)) <= 1e-5
+    # batching with a copy of itself and a longer prompt changes nothing either
+    again = policy.generate([prompts[0], prompts[1], prompts[0]], params)
+    assert again[0].token_ids == again[2].token_ids == batched[0].token_ids
+
+
+def test_greedy_logprobs_are_the_temperature_one_logprobs_of_the_learner(tiny_model, tokenizer, prompts):
+    policy = TransformersPolicy(tiny_model, tokenizer)
+    for prompt, gen in zip(prompts, policy.generate(prompts, GREEDY)):
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logprobs, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids), temperature=1.0)
+        recomputed = logprobs[0, len(prompt):].tolist()
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, recomputed)) <= 1e-4
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=5, greedy=True),
+                                    SamplingParams(max_new_tokens=5, temperature=0.7)], ids=["greedy", "sampled"])
+def test_max_new_tokens_cut_gives_finish_reason_length(tiny_model, tokenizer, prompts, params):
+    eos = tokenizer.eos_token_id
+    for gen in TransformersPolicy(tiny_model, tokenizer).generate(prompts, params):
+        assert len(gen.token_ids) == len(gen.logprobs) <= 5
+        if eos not in gen.token_ids:
+            assert len(gen.token_ids) == 5 and gen.finish_reason == "length"
+        else:
+            assert gen.token_ids[-1] == eos and gen.finish_reason == "stop"
+    # the plain random-init model practically never samples eos: the cut path is taken
+    assert any(g.finish_reason == "length" for g in TransformersPolicy(tiny_model, tokenizer).generate(prompts, params))
+
+
+def test_rows_that_stop_early_end_with_eos_and_leave_the_other_rows_exact(policy_model, tokenizer, prompts):
+    """With the eos-biased model rows of one batch stop at different steps; each row's ids
+    and logprobs must still be those of that row alone (scored here by the learner)."""
+    eos = tokenizer.eos_token_id
+    policy = TransformersPolicy(policy_model, tokenizer, seed=0)
+    batch = prompts * 3
+    gens = policy.generate(batch, SamplingParams(max_new_tokens=24, temperature=1.0))
+    stopped = [g for g in gens if g.finish_reason == "stop"]
+    assert stopped and len({len(g.token_ids) for g in gens}) > 2
+    for g in stopped:
+        assert g.token_ids[-1] == eos and eos not in g.token_ids[:-1]
+    for prompt, gen in zip(batch, gens):
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logprobs, _ = token_logprobs(policy_model, ids, torch.ones_like(ids))
+        recomputed = logprobs[0, len(prompt):].tolist()
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, recomputed)) <= 1e-4
+
+
+def test_generate_restores_training_mode_and_handles_no_prompts(fresh_model, tokenizer, prompts):
+    fresh_model.train()
+    policy = TransformersPolicy(fresh_model, tokenizer)
+    assert policy.generate([], GREEDY) == []
+    policy.generate(prompts[:1], GREEDY)
+    assert fresh_model.training
+    fresh_model.eval()
+    policy.generate(prompts[:1], GREEDY)
+    assert not fresh_model.training
+
+
+def test_sampling_params_reject_bad_values():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=0.0)

@@ -1,0 +1,109 @@
+"""GRPO advantages and the estimator registry."""
+
+import pytest
+import torch
+
+from turnrl.algorithms import ADVANTAGES, KL_ESTIMATORS, collate, grpo
+from turnrl.algorithms.advantages import group_mean_std
+from turnrl.rollout import Trajectory
+
+
+def traj(reward, group_id, turns=2, prompt=3, turn_len=2):
+    """Hand-made trajectory: ``prompt`` ids, then ``turns`` turns of ``turn_len`` sampled ids
+    separated by 2 observation ids; the reward arrives on the last turn."""
+    ids, mask, spans = [5] * prompt, [0] * prompt, []
+    for k in range(turns):
+        spans.append((len(ids), len(ids) + turn_len))
+        ids += [6] * turn_len + [7, 7]
+        mask += [1] * turn_len + [0, 0]
+    rewards = [0.0] * (turns - 1) + [float(reward)]
+    return Trajectory(ids, mask, [0.0] * len(ids), spans, rewards, False, group_id, f"task{group_id}", "terminated")
+
+
+def batch_of(rewards, groups, **kw):
+    return collate([traj(r, g, **kw) for r, g in zip(rewards, groups)], pad_id=0)
+
+
+def per_row(adv, batch):
+    """The single advantage value each row carries on its loss mask (checks it is constant)."""
+    values = []
+    for row in range(len(batch)):
+        on = adv[row][batch.loss_mask[row].bool()]
+        assert torch.allclose(on, on[0].expand_as(on))
+        values.append(float(on[0]))
+    return values
+
+
+def test_grpo_without_std_centres_rewards_of_the_group():
+    batch = batch_of([0, 1, 0], [0, 0, 0])
+    adv = ADVANTAGES.get("grpo")(batch, normalize_std=False)
+    assert per_row(adv, batch) == pytest.approx([-1 / 3, 2 / 3, -1 / 3], abs=1e-6)
+
+
+def test_grpo_with_std_divides_by_unbiased_std_plus_eps():
+    rewards = torch.tensor([0.0, 1.0, 0.0])
+    batch = batch_of(rewards.tolist(), [0, 0, 0])
+    expected = (rewards - rewards.mean()) / (rewards.std(unbiased=True) + 1e-6)
+    assert per_row(grpo(batch), batch) == pytest.approx(expected.tolist(), abs=1e-5)
+    assert per_row(grpo(batch, eps=0.5), batch) == pytest.approx(
+        ((rewards - rewards.mean()) / (rewards.std() + 0.5)).tolist(), abs=1e-6)
+
+
+def test_grpo_normalises_each_group_independently():
+    # interleaved, non-contiguous group ids
+    rewards, groups = [0.0, 2.0, 1.0, 4.0, 0.0, 9.0], [7, 3, 7, 3, 7, 3]
+    batch = batch_of(rewards, groups)
+    got = per_row(grpo(batch), batch)
+    for g in set(groups):
+        rows = [i for i, x in enumerate(groups) if x == g]
+        r = torch.tensor([rewards[i] for i in rows])
+        expected = (r - r.mean()) / (r.std() + 1e-6)
+        assert [got[i] for i in rows] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_grpo_gives_zero_for_a_single_sample_group_and_an_all_equal_group(normalize_std):
+    batch = batch_of([1.0, 0.5, 0.5, 0.5, 3.0, 0.0], [0, 1, 1, 1, 2, 2])
+    adv = grpo(batch, normalize_std=normalize_std)
+    assert torch.isfinite(adv).all()
+    assert per_row(adv, batch)[:4] == [0.0, 0.0, 0.0, 0.0]
+    assert per_row(adv, batch)[4] > 0 > per_row(adv, batch)[5]
+
+
+def test_grpo_advantages_are_zero_off_the_loss_mask():
+    # rows of different lengths: right padding is off the mask too
+    batch = collate([traj(1.0, 0, turns=3), traj(0.0, 0, turns=1), traj(0.2, 0, turns=2, turn_len=4)], pad_id=0)
+    for normalize_std in (True, False):
+        adv = grpo(batch, normalize_std=normalize_std)
+        assert adv.shape == batch.loss_mask.shape
+        assert (adv[batch.loss_mask == 0] == 0).all()
+        assert (adv[batch.loss_mask == 1] != 0).all()
+
+
+def test_unknown_estimator_name_raises_key_error_listing_valid_names():
+    with pytest.raises(KeyError) as err:
+        ADVANTAGES.get("no-such-estimator")
+    assert "no-such-estimator" in str(err.value) and "grpo" in str(err.value)
+    assert "grpo" in ADVANTAGES.names()
+    with pytest.raises(KeyError, match="k1.*k3"):
+        KL_ESTIMATORS.get("k2")
+
+
+def test_group_mean_std_matches_a_loop_reference():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(60, generator=gen, dtype=torch.float64)
+    groups = torch.randint(0, 15, (60,), generator=gen) * 3 + 100  # sparse ids, some groups of one
+    groups[0] = 999  # a guaranteed singleton
+    mean, std, count = group_mean_std(scores, groups)
+    for i in range(60):
+        members = scores[groups == groups[i]]
+        assert count[i] == len(members)
+        assert mean[i] == pytest.approx(float(members.mean()), abs=1e-12)
+        expected_std = float(members.std(unbiased=True)) if len(members) > 1 else 0.0
+        assert std[i] == pytest.approx(expected_std, abs=1e-12)
+    assert std[0] == 0 and count[0] == 1
+
+
+def test_group_mean_std_rejects_mismatched_shapes():
+    with pytest.raises(ValueError):
+        group_mean_std(torch.zeros(3), torch.zeros(4, dtype=torch.long))

@@ -1,0 +1,40 @@
+"""Supervised fine-tuning on scripted expert episodes."""
+
+import pytest
+import torch
+
+from turnrl.agents.scripted import scripted_episode
+from turnrl.algorithms import collate
+from turnrl.algorithms.sft import sft_loss
+from turnrl.envs import CalcMathEnv, GuessNumberEnv
+
+
+def test_sft_steps_on_scripted_expert_episodes_lower_the_loss(fresh_model, renderer, tokenizer):
+    episodes = [scripted_episode(CalcMathEnv(), s, renderer) for s in range(2)]
+    episodes += [scripted_episode(GuessNumberEnv(), s, renderer) for s in range(2)]
+    batch = collate(episodes, tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=3e-3)
+    fresh_model.train()
+    losses = []
+    for _ in range(3):
+        loss = sft_loss(fresh_model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    with torch.no_grad():
+        losses.append(float(sft_loss(fresh_model, batch)))
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+def test_sft_loss_is_the_mean_nll_of_the_assistant_tokens_only(tiny_model, renderer, tokenizer):
+    episode = scripted_episode(CalcMathEnv(), 0, renderer)
+    batch = collate([episode], tokenizer.pad_token_id)
+    with torch.no_grad():
+        loss = float(sft_loss(tiny_model, batch))
+        logits = tiny_model(input_ids=batch.input_ids).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, batch.input_ids[0, 1:], reduction="none")
+    mask = batch.loss_mask[0, 1:]
+    assert loss == pytest.approx(float((nll * mask).sum() / mask.sum()), abs=1e-4)
+    assert float((nll * mask).sum() / mask.sum()) != pytest.approx(float(nll.mean()), abs=1e-3)

@@ -1,0 +1,62 @@
+"""Causal LMs: a small Qwen2 built from a config, or any Hugging Face checkpoint by path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+
+@dataclass
+class TinyModelConfig:
+    """Size of the small default model (a Qwen2 architecture, random init)."""
+
+    hidden_size: int = 128  # width of the residual stream
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # attention heads (head dim = hidden_size / num_heads)
+    num_kv_heads: int = 2  # grouped-query KV heads, as in Qwen2
+    intermediate_size: int = 512  # MLP width
+    max_positions: int = 1024  # context length the rotary embedding is set up for
+
+
+def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> Qwen2ForCausalLM:
+    """Build a randomly initialised Qwen2 causal LM sized by ``cfg`` for ``tokenizer``.
+
+    The initialisation depends only on ``seed`` (the global torch RNG is restored after).
+    """
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.float()
+
+
+def load_pretrained(path: str, dtype: str = "float32") -> tuple[PreTrainedModel, object]:
+    """Load any Hugging Face causal LM and its tokenizer from a local path or hub id.
+
+    The tiny model saved with ``save_pretrained`` goes through exactly this code path.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            f"tokenizer at {path!r} has no chat template; multi-turn rollouts render "
+            "conversations with it. Use an instruct/chat checkpoint or set tokenizer.chat_template."
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model, tokenizer

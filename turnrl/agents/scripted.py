@@ -1,0 +1,71 @@
+"""Scripted players: episodes of an env's expert (or weak expert) rendered token-exactly,
+for supervised warm starts and for checking envs end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from turnrl.agents.renderer import ChatRenderer
+from turnrl.rollout.trajectory import Trajectory
+
+
+def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expert", split: str = "train",
+                     rng: np.random.Generator | None = None) -> Trajectory:
+    """Play one episode with the env's scripted player and render it as a ``Trajectory``.
+
+    Args:
+        env: a turnrl env (``expert_action()`` and ``weak_expert_action(rng)`` on the unwrapped env).
+        seed: the env seed (the task).
+        renderer: renders observations; the player's text is tokenized as a whole turn plus
+            the end-of-turn id and marked as "sampled" (logprobs 0), so SFT trains on it.
+        player: ``"expert"`` or ``"weak"``.
+        split: the task split.
+        rng: randomness of the weak player.
+    """
+    if player not in ("expert", "weak"):
+        raise ValueError(f"player must be 'expert' or 'weak', got {player!r}")
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    base = env.unwrapped
+    obs, info = env.reset(seed=seed, options={"split": split})
+    conv = renderer.start(list(obs))
+    eos = renderer.tokenizer.eos_token_id
+    rewards, state_keys = [], [info.get("state_key")]
+    success, termination = False, "truncated"
+    while True:
+        text = base.expert_action() if player == "expert" else base.weak_expert_action(rng)
+        ids = renderer.encode(text) + [eos]
+        renderer.add_sampled(conv, ids, [0.0] * len(ids))
+        obs, reward, terminated, truncated, info = env.step(text)
+        rewards.append(float(reward))
+        success = bool(info.get("success", False))
+        if terminated or truncated:
+            termination = "terminated" if terminated else "truncated"
+            renderer.add_observation(conv, [], add_generation_prompt=False)
+            break
+        renderer.add_observation(conv, list(obs), add_generation_prompt=True)
+        state_keys.append(info.get("state_key"))
+    return Trajectory(
+        token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
+        turn_spans=conv.turn_spans, turn_rewards=rewards, success=success, group_id=0,
+        task_id=str(info.get("task_id", seed)), termination=termination, messages=conv.messages,
+        state_keys=state_keys,
+    )
+
+
+def corpus_texts(env, seeds: range, player: str = "expert") -> list[str]:
+    """Texts of scripted episodes (every message), to train a tokenizer on."""
+    rng = np.random.default_rng(0)
+    base = env.unwrapped
+    texts = []
+    for split in ("train", "test"):
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed, options={"split": split})
+            texts.extend(m["content"] for m in obs)
+            while True:
+                text = base.expert_action() if player == "expert" else base.weak_expert_action(rng)
+                texts.append(text)
+                obs, _, terminated, truncated, _ = env.step(text)
+                texts.extend(m["content"] for m in obs)
+                if terminated or truncated:
+                    break
+    return texts

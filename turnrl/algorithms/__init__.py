@@ -1,0 +1,21 @@
+"""Advantage estimators (a registry of pure functions), losses and the learner."""
+
+from turnrl.algorithms.advantages import ADVANTAGES, grpo
+from turnrl.algorithms.aggregation import AGGREGATIONS
+from turnrl.algorithms.batch import TrainBatch, collate
+from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
+from turnrl.algorithms.scoring import token_logprobs
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "Learner",
+    "LearnerConfig",
+    "TrainBatch",
+    "collate",
+    "grpo",
+    "ppo_clip_loss",
+    "token_logprobs",
+]

@@ -1,0 +1,33 @@
+"""Loss aggregation: how per-token losses of a batch are weighted into one scalar.
+
+Each mode maps the loss mask of a whole (mini)batch to per-token weights ``[N, T]`` so that
+``loss = sum(per_token_loss * weights)``. Weights are computed on the whole batch before it
+is split into micro-batches, so gradient accumulation gives the same gradient as one pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from turnrl.algorithms.registry import Registry
+
+AGGREGATIONS: Registry = Registry("loss aggregation")
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(mask: torch.Tensor) -> torch.Tensor:
+    """Every sampled token of the batch weighs the same: ``mask / sum(mask)``.
+
+    Long trajectories weigh more. In multi-turn GRPO, failed episodes often run to the turn
+    limit, so their tokens (end-of-turn markers included) outnumber those of successes.
+    """
+    return mask / mask.sum().clamp(min=1.0)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(mask: torch.Tensor) -> torch.Tensor:
+    """Mean over each trajectory's tokens, then mean over trajectories (with any tokens):
+    every trajectory weighs the same whatever its length."""
+    per_row = mask.sum(dim=1, keepdim=True)
+    rows = (per_row > 0).sum().clamp(min=1)
+    return mask / per_row.clamp(min=1.0) / rows

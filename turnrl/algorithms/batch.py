@@ -1,0 +1,79 @@
+"""Collates trajectories into right-padded tensors for the learner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from turnrl.rollout.trajectory import Trajectory
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors of ``N`` trajectories, ``T`` = longest trajectory.
+
+    Attributes:
+        input_ids: ``[N, T]`` long, right-padded with ``pad_id``.
+        attention_mask: ``[N, T]`` long, 1 on real tokens.
+        loss_mask: ``[N, T]`` float, 1 on sampled tokens only.
+        old_logprobs: ``[N, T]`` float, the sampler's logprobs (0 off the loss mask).
+        turn_index: ``[N, T]`` long, index of the assistant turn a sampled token belongs to;
+            -1 on every other token.
+        scores: ``[N]`` float, each trajectory's return (sum of turn rewards).
+        group_index: ``[N]`` long, trajectories of one task share an index.
+        turn_rewards: ``[N, K]`` float, per-turn rewards, 0-padded to the most turns ``K``.
+        num_turns: ``[N]`` long.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    turn_index: torch.Tensor
+    scores: torch.Tensor
+    group_index: torch.Tensor
+    turn_rewards: torch.Tensor
+    num_turns: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
+        """The sub-batch of the given rows (for micro-batching)."""
+        return TrainBatch(**{k: v[index] for k, v in vars(self).items()})
+
+
+def collate(trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
+    """Stack trajectories into a ``TrainBatch`` (right padding)."""
+    if not trajectories:
+        raise ValueError("cannot collate an empty list of trajectories")
+    n = len(trajectories)
+    width = max(len(t.token_ids) for t in trajectories)
+    k_max = max(1, max(t.num_turns for t in trajectories))
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width))
+    old_logprobs = torch.zeros((n, width))
+    turn_index = torch.full((n, width), -1, dtype=torch.long)
+    turn_rewards = torch.zeros((n, k_max))
+    for row, traj in enumerate(trajectories):
+        length = len(traj.token_ids)
+        input_ids[row, :length] = torch.tensor(traj.token_ids, dtype=torch.long)
+        attention_mask[row, :length] = 1
+        loss_mask[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float)
+        old_logprobs[row, :length] = torch.tensor(traj.logprobs, dtype=torch.float)
+        for k, (start, end) in enumerate(traj.turn_spans):
+            turn_index[row, start:end] = k
+        turn_rewards[row, : traj.num_turns] = torch.tensor(traj.turn_rewards, dtype=torch.float)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        old_logprobs=old_logprobs,
+        turn_index=turn_index,
+        scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float),
+        group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        turn_rewards=turn_rewards,
+        num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),
+    )

@@ -1,0 +1,74 @@
+"""The learner's view of a batch: per-token logprobs and entropies under the policy."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _hidden_and_head(model):
+    """The decoder stack and LM head of a standard HF causal LM, or None when the model
+    post-processes logits (e.g. soft-capping) and must be scored through its full forward."""
+    if getattr(model.config, "final_logit_softcapping", None):
+        return None
+    get_decoder, head = getattr(model, "get_decoder", None), model.get_output_embeddings()
+    decoder = get_decoder() if get_decoder is not None else None
+    if decoder is None or head is None or decoder is model:
+        return None
+    return decoder, head
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    score_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of every token given the tokens before it.
+
+    Args:
+        model: a causal LM.
+        input_ids: ``[N, T]`` right-padded ids.
+        attention_mask: ``[N, T]``.
+        temperature: logits are divided by it, as the sampler did.
+        with_entropy: also return the entropy of each scored position's next-token
+            distribution (differentiable).
+        score_mask: ``[N, T]``; when given, only tokens where it is nonzero are scored (the
+            LM head and softmax run on those positions alone: in multi-turn episodes most
+            tokens are observations), and every other entry of the outputs is 0.
+
+    Returns:
+        ``logprobs [N, T]`` where ``logprobs[:, t] = log p(ids[t] | ids[:t])`` and column 0
+        is 0; and ``entropy [N, T]`` (aligned the same way) or None.
+    """
+    n, t = input_ids.shape
+    parts = _hidden_and_head(model) if score_mask is not None else None
+    if parts is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        zero = torch.zeros_like(logp[:, :1])
+        out = torch.cat([zero, logp], dim=1)
+        entropy = None
+        if with_entropy:
+            entropy = torch.cat([zero, -(logp_all.exp() * logp_all).sum(-1)], dim=1)
+        if score_mask is not None:
+            keep = score_mask.to(out.dtype)
+            out, entropy = out * keep, (entropy * keep if entropy is not None else None)
+        return out, entropy
+
+    decoder, head = parts
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    target = score_mask.clone().bool()
+    target[:, 0] = False  # the first token has no context
+    rows, cols = target.nonzero(as_tuple=True)
+    logits = head(hidden[rows, cols - 1]).float() / temperature  # [M, V]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, input_ids[rows, cols][:, None]).squeeze(-1)
+    out = torch.zeros((n, t), dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
+    entropy = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = torch.zeros_like(out).index_put((rows, cols), ent)
+    return out, entropy

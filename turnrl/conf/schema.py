@@ -1,0 +1,146 @@
+"""Structured-config schemas: Hydra validates every YAML file and override against them, so
+a mistyped key or a value of the wrong type fails at start-up naming the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class EnvConfig:
+    # gymnasium id of a registered turnrl env (see turnrl.envs.registered_env_ids())
+    id: str = "turnrl/GuessNumber-v0"
+    # keyword arguments of the env's constructor (e.g. max_turns, n)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    # width of the residual stream of the tiny Qwen2 model
+    hidden_size: int = 128
+    # number of transformer blocks
+    num_layers: int = 2
+    # attention heads (hidden_size must be divisible by it)
+    num_heads: int = 4
+    # key/value heads (grouped-query attention)
+    num_kv_heads: int = 2
+    # width of the MLP
+    intermediate_size: int = 512
+    # longest context the model is set up for
+    max_positions: int = 1024
+
+
+@dataclass
+class TokenizerConfig:
+    # upper bound on the byte-level BPE vocabulary trained on the env's texts
+    vocab_size: int = 3000
+    # every integer 0..max_number is one token
+    max_number: int = 255
+    # scripted episodes per split whose text the tokenizer is trained on
+    corpus_episodes: int = 200
+
+
+@dataclass
+class WarmStartConfig:
+    # supervised steps on scripted episodes before RL (0 = start from the raw model)
+    steps: int = 0
+    # which scripted player to imitate: "weak" (leaves room for RL) or "expert"
+    player: str = "weak"
+    # episodes per supervised step
+    batch_size: int = 32
+    # Adam learning rate of the warm start
+    lr: float = 1e-3
+
+
+@dataclass
+class AgentConfig:
+    # path (or hub id) of a Hugging Face causal LM with a chat template; null builds the tiny model
+    path: Optional[str] = None
+    # dtype the model is loaded / built in
+    dtype: str = "float32"
+    # architecture of the tiny model (ignored when path is set)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # tokenizer built in code for the tiny model (ignored when path is set)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # supervised warm start on the env's scripted player
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    # tool-call format the model writes (a name in turnrl.tools parsers), passed to the env
+    tool_parser: str = "hermes"
+    # most tokens in one assistant turn
+    max_new_tokens: int = 24
+    # sampling temperature during training rollouts (evaluation is greedy)
+    temperature: float = 1.0
+    # an episode longer than this many tokens ends with termination "context_length"
+    max_context_tokens: int = 1024
+
+
+@dataclass
+class AlgorithmConfig:
+    # advantage estimator, a name in turnrl.algorithms.ADVANTAGES
+    advantage: str = "grpo"
+    # keyword arguments of the advantage estimator (e.g. normalize_std)
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    # PPO ratio clip below 1
+    clip_low: float = 0.2
+    # PPO ratio clip above 1 (clip-higher when > clip_low)
+    clip_high: float = 0.2
+    # passes over each rollout batch
+    ppo_epochs: int = 1
+    # optimizer steps per pass
+    num_minibatches: int = 1
+    # weight of KL to the frozen initial policy in the loss (0 = no reference model)
+    kl_coef: float = 0.0
+    # per-token KL estimator: k1 or k3
+    kl_estimator: str = "k3"
+    # weight of the entropy bonus
+    entropy_coef: float = 0.0
+    # loss aggregation: token-mean or seq-mean-token-mean (turnrl.algorithms.aggregation)
+    loss_agg: str = "token-mean"
+
+
+@dataclass
+class TrainerConfig:
+    # RL steps (one rollout batch and update each)
+    steps: int = 200
+    # distinct tasks per step (B)
+    tasks_per_step: int = 8
+    # samples per task (G); GRPO's group
+    group_size: int = 8
+    # Adam learning rate of the RL updates
+    lr: float = 3e-4
+    # gradient clipping by global norm
+    max_grad_norm: float = 1.0
+    # rows per forward/backward pass
+    micro_batch_size: int = 64
+    # evaluate on held-out tasks every this many steps (and before the first)
+    eval_every: int = 25
+    # held-out (test-split) episodes per evaluation, greedy decoding
+    eval_episodes: int = 256
+    # torch device
+    device: str = "cpu"
+    # torch CPU threads (0 = torch's default)
+    threads: int = 2
+    # save the final model, tokenizer and optimizer state in the run dir
+    save_checkpoint: bool = True
+    # write TensorBoard event files beside metrics.jsonl
+    tensorboard: bool = True
+    # show a progress bar
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # seeds model init, warm start, task sampling and rollout sampling
+    seed: int = 0
+
+
+def register_configs() -> None:
+    """Store the schema as ``base_config`` (the first entry of config.yaml's defaults)."""
+    ConfigStore.instance().store(name="base_config", node=Config)

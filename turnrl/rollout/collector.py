@@ -1,0 +1,143 @@
+"""Runs B tasks x G samples at once, batching generation across all live episodes each turn."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gymnasium
+
+from turnrl.agents.renderer import ChatRenderer, Conversation
+from turnrl.agents.sampling import SamplingParams
+from turnrl.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task is an env seed plus the split it is drawn from (``train`` or ``test``)."""
+
+    seed: int
+    split: str = "train"
+
+
+@dataclass
+class _Episode:
+    env: gymnasium.Env
+    conv: Conversation
+    group_id: int
+    task_id: str
+    state_keys: list = field(default_factory=list)
+    turn_rewards: list = field(default_factory=list)
+    success: bool = False
+    tool_calls: int = 0
+    tool_errors: int = 0
+    parse_errors: int = 0
+    length_truncated_turns: int = 0
+    termination: str | None = None
+    error: str | None = None
+
+
+class RolloutCollector:
+    """Collects token-exact multi-turn trajectories from a policy and a family of envs.
+
+    Each turn, every live episode's conversation is sent to the policy in one batch; the
+    sampled ids are appended verbatim, the decoded text is the env's action, and the
+    env's new messages are rendered with the chat template. An env (or tool) that raises
+    ends its own episode with ``termination="env_error"``; the other episodes go on.
+
+    Args:
+        env_fn: makes one env (called lazily; envs are pooled and reused across calls).
+        policy: a backend with ``generate(prompts, params) -> list[Generation]``.
+        renderer: the chat renderer of the policy's tokenizer.
+        max_context_tokens: an episode whose conversation would exceed this many tokens
+            after its next turn ends with ``termination="context_length"``.
+    """
+
+    def __init__(self, env_fn: Callable[[], gymnasium.Env], policy, renderer: ChatRenderer, max_context_tokens: int = 1024):
+        self.env_fn = env_fn
+        self.policy = policy
+        self.renderer = renderer
+        self.max_context_tokens = max_context_tokens
+        self._pool: list[gymnasium.Env] = []
+
+    def _envs(self, n: int) -> list[gymnasium.Env]:
+        while len(self._pool) < n:
+            self._pool.append(self.env_fn())
+        return self._pool[:n]
+
+    def collect(self, tasks: list[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
+        """Roll out ``group_size`` episodes of each task.
+
+        Returns:
+            ``len(tasks) * group_size`` trajectories, grouped: rows ``g*G .. g*G+G-1`` are the
+            samples of ``tasks[g]`` and carry ``group_id == g``.
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        envs = self._envs(len(tasks) * group_size)
+        episodes: list[_Episode] = []
+        for group_id, task in enumerate(tasks):
+            for k in range(group_size):
+                env = envs[group_id * group_size + k]
+                try:
+                    obs, info = env.reset(seed=task.seed, options={"split": task.split})
+                except Exception as exc:  # this episode ends before it starts; the rest go on
+                    log.warning("env raised during reset of task seed %d: %r", task.seed, exc)
+                    episodes.append(_Episode(env, Conversation(), group_id, str(task.seed),
+                                             termination="env_error", error=repr(exc)))
+                    continue
+                conv = self.renderer.start(list(obs))
+                episodes.append(_Episode(env, conv, group_id, str(info.get("task_id", task.seed)),
+                                         state_keys=[info.get("state_key")]))
+        live = [ep for ep in episodes if ep.termination is None]
+        while live:
+            generations = self.policy.generate([ep.conv.token_ids for ep in live], params)
+            still_live = []
+            for ep, gen in zip(live, generations):
+                content = self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs)
+                ep.length_truncated_turns += gen.finish_reason == "length"
+                if self._step(ep, content, params):
+                    still_live.append(ep)
+            live = still_live
+        return [self._to_trajectory(ep) for ep in episodes]
+
+    def _step(self, ep: _Episode, content: str, params: SamplingParams) -> bool:
+        """Step one episode's env with the sampled text; return whether it goes on."""
+        try:
+            obs, reward, terminated, truncated, info = ep.env.step(content)
+        except Exception as exc:  # a failing env or tool ends this episode, not the run
+            log.warning("env raised during step of task %s: %r", ep.task_id, exc)
+            ep.turn_rewards.append(0.0)
+            ep.termination, ep.error = "env_error", repr(exc)
+            self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
+            return False
+        ep.turn_rewards.append(float(reward))
+        ep.success = bool(info.get("success", False))
+        ep.tool_calls += int(info.get("tool_calls", 0))
+        ep.tool_errors += int(info.get("tool_errors", 0))
+        ep.parse_errors += int(bool(info.get("parse_error", False)))
+        if terminated or truncated:
+            ep.termination = "terminated" if terminated else "truncated"
+            self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
+            return False
+        self.renderer.add_observation(ep.conv, list(obs), add_generation_prompt=True)
+        if len(ep.conv.token_ids) + params.max_new_tokens > self.max_context_tokens:
+            ep.termination = "context_length"
+            return False
+        ep.state_keys.append(info.get("state_key"))
+        return True
+
+    @staticmethod
+    def _to_trajectory(ep: _Episode) -> Trajectory:
+        c = ep.conv
+        return Trajectory(
+            token_ids=c.token_ids, loss_mask=c.loss_mask, logprobs=c.logprobs,
+            turn_spans=c.turn_spans, turn_rewards=ep.turn_rewards, success=ep.success,
+            group_id=ep.group_id, task_id=ep.task_id, termination=ep.termination,
+            messages=c.messages, state_keys=ep.state_keys[: len(c.turn_spans)],
+            tool_calls=ep.tool_calls, tool_errors=ep.tool_errors, parse_errors=ep.parse_errors,
+            length_truncated_turns=ep.length_truncated_turns, error=ep.error,
+        )

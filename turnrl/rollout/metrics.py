@@ -1,0 +1,39 @@
+"""Per-step statistics of a batch of trajectories (what a run's logs show)."""
+
+from __future__ import annotations
+
+from turnrl.rollout.trajectory import Trajectory
+
+
+def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
+    """Distinct n-grams over all n-grams of the batch's sampled text (1.0 = no repeats).
+
+    A falling value is the usual sign of collapsing exploration: the group's samples
+    become copies of each other.
+    """
+    grams = [tuple(seq[i:i + n]) for seq in sequences for i in range(len(seq) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Means over the batch: reward, success, turns, tokens, tool and truncation rates."""
+    n = max(len(trajectories), 1)
+    turns = sum(t.num_turns for t in trajectories)
+    calls = sum(t.tool_calls for t in trajectories)
+    sampled = [
+        [tok for tok, m in zip(t.token_ids, t.loss_mask) if m] for t in trajectories
+    ]
+    return {
+        "reward": sum(t.reward for t in trajectories) / n,
+        "success": sum(t.success for t in trajectories) / n,
+        "turns": turns / n,
+        "gen_tokens": sum(t.num_generated_tokens for t in trajectories) / n,
+        "tool_calls": calls / n,
+        "tool_parse_error_rate": sum(t.parse_errors for t in trajectories) / max(turns, 1),
+        "tool_exec_error_rate": sum(t.tool_errors for t in trajectories) / max(calls, 1),
+        "truncation_rate": sum(t.termination == "truncated" for t in trajectories) / n,
+        "turn_length_cut_rate": sum(t.length_truncated_turns for t in trajectories) / max(turns, 1),
+        "env_error_rate": sum(t.termination == "env_error" for t in trajectories) / n,
+        "context_limit_rate": sum(t.termination == "context_length" for t in trajectories) / n,
+        "unique_ngram_rate": unique_ngram_rate(sampled),
+    }

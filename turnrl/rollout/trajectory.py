@@ -1,0 +1,75 @@
+"""The one hand-off between rollout and learning."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+Termination = Literal["terminated", "truncated", "env_error", "context_length"]
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn episode, token-exact.
+
+    ``T`` is the number of tokens, ``K`` the number of assistant turns.
+
+    Attributes:
+        token_ids: ``[T]`` the prompt, every sampled id exactly as sampled, and the template /
+            observation ids in between (sampled text is never re-tokenized).
+        loss_mask: ``[T]`` 1 exactly on sampled ids.
+        logprobs: ``[T]`` the sampler's logprob of each sampled id; 0.0 where loss_mask is 0.
+        turn_spans: ``[K]`` half-open ``(start, end)`` token span of each turn's sampled ids.
+        turn_rewards: ``[K]`` the env's reward for each turn; the outcome arrives on the last.
+        success: the env's verdict on the episode (``info["success"]`` of the last step).
+        group_id: index of the task within the batch; the G samples of a task share it.
+        task_id: the env's stable id of the task (same seed and split, same id).
+        termination: why the episode ended: env ``terminated``, ``truncated`` (turn limit),
+            ``env_error`` (the env or a tool raised; see ``error``), or ``context_length``.
+        messages: the conversation as chat messages (decode(token_ids) renders them).
+        state_keys: ``[K]`` the env's ``state_key`` at the start of each turn.
+        tool_calls / tool_errors / parse_errors: counts over the episode (from env info).
+        length_truncated_turns: turns cut by ``max_new_tokens`` before the end-of-turn token.
+        error: the exception text when ``termination == "env_error"``.
+    """
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    turn_spans: list[tuple[int, int]]
+    turn_rewards: list[float]
+    success: bool
+    group_id: int
+    task_id: str
+    termination: Termination
+    messages: list[dict] = field(default_factory=list)
+    state_keys: list[Hashable] = field(default_factory=list)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    parse_errors: int = 0
+    length_truncated_turns: int = 0
+    error: str | None = None
+
+    @property
+    def reward(self) -> float:
+        """Undiscounted return: the sum of per-turn rewards."""
+        return float(sum(self.turn_rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    def __post_init__(self):
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"token_ids, loss_mask and logprobs must have one length; got {n}, "
+                f"{len(self.loss_mask)}, {len(self.logprobs)}"
+            )
+        if len(self.turn_rewards) != len(self.turn_spans):
+            raise ValueError(f"{len(self.turn_spans)} turn spans but {len(self.turn_rewards)} turn rewards")

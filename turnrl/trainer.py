@@ -1,0 +1,144 @@
+"""The RL loop: collect B x G multi-turn rollouts, score advantages, update, evaluate.
+
+Reads top to bottom: set-up, the warm start, the loop, and the wrap-up (checkpoint,
+curve, table). Everything it builds comes from one ``Config``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from turnrl.agents.hf_policy import TransformersPolicy
+from turnrl.agents.renderer import ChatRenderer
+from turnrl.agents.sampling import SamplingParams
+from turnrl.algorithms.batch import collate
+from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.build import advantage_fn, build_agent, env_factory
+from turnrl.conf.schema import Config
+from turnrl.evaluate import evaluate, heldout_tasks
+from turnrl.logger import RunLogger
+from turnrl.report import after_value, before_after_table, plot_curves
+from turnrl.rollout.collector import RolloutCollector, Task
+from turnrl.rollout.metrics import rollout_metrics
+from turnrl.warmstart import warm_start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: held-out evaluations (step, metrics) and per-step train metrics."""
+
+    evals: list[tuple[int, dict]] = field(default_factory=list)
+    train: list[dict] = field(default_factory=list)
+    run_dir: Path | None = None
+    model: object = None
+    tokenizer: object = None
+
+    @property
+    def before(self) -> float:
+        return self.evals[0][1]["success"]
+
+    @property
+    def after(self) -> float:
+        return after_value([e for _, e in self.evals], "success")
+
+
+def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None] | None = None) -> TrainResult:
+    """Run warm start + RL as configured; write logs, curve, table and checkpoint to ``run_dir``.
+
+    Args:
+        cfg: the composed config.
+        run_dir: output folder (the Hydra run dir from the CLI).
+        on_rl_start: called with the model after the warm start, before the first RL step.
+    """
+    run_dir = Path(run_dir)
+    tcfg, acfg = cfg.trainer, cfg.algorithm
+    # ---------------------------------------------------------------- set-up
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    torch.manual_seed(cfg.seed)
+    env_fn = env_factory(cfg)
+    model, tokenizer = build_agent(cfg, env_fn)
+    model.to(tcfg.device)
+    renderer = ChatRenderer(tokenizer)
+    score = advantage_fn(cfg)
+    logger = RunLogger(run_dir, tensorboard=tcfg.tensorboard)
+    log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
+
+    # ---------------------------------------------------------------- warm start
+    ws = cfg.agent.warmstart
+    ws_losses = warm_start(model, renderer, env_fn(), ws.steps, ws.batch_size, ws.lr, ws.player,
+                           seed=cfg.seed, progress=tcfg.progress)
+    if ws_losses:
+        log.info("warm start: %d steps, loss %.3f -> %.3f", len(ws_losses), ws_losses[0], ws_losses[-1])
+
+    policy = TransformersPolicy(model, tokenizer, seed=cfg.seed)
+    collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
+    eval_collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
+    learner = Learner(model, LearnerConfig(
+        lr=tcfg.lr, max_grad_norm=tcfg.max_grad_norm, ppo_epochs=acfg.ppo_epochs,
+        num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
+        clip_low=acfg.clip_low, clip_high=acfg.clip_high, kl_coef=acfg.kl_coef,
+        kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
+        temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg,
+    ))
+    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
+    eval_tasks = heldout_tasks(tcfg.eval_episodes)
+    task_rng = np.random.default_rng(cfg.seed)
+    result = TrainResult(run_dir=run_dir, model=model, tokenizer=tokenizer)
+
+    def run_eval(step: int) -> None:
+        metrics = evaluate(eval_collector, eval_tasks, cfg.agent.max_new_tokens)
+        result.evals.append((step, metrics))
+        logger.log(step, metrics, prefix="eval")
+
+    if on_rl_start is not None:
+        on_rl_start(model)
+    run_eval(0)
+    # ---------------------------------------------------------------- the RL loop
+    bar = tqdm(range(1, tcfg.steps + 1), desc="RL", unit="step", disable=not tcfg.progress)
+    for step in bar:
+        t0 = time.perf_counter()
+        tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
+        trajectories = collector.collect(tasks, tcfg.group_size, sampling)
+        t_rollout = time.perf_counter() - t0
+        batch = collate(trajectories, tokenizer.pad_token_id)
+        advantages = score(batch)
+        update = learner.update(batch, advantages)
+        metrics = {**rollout_metrics(trajectories), **update,
+                   "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
+        result.train.append({"step": step, **metrics})
+        logger.log(step, metrics)
+        bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{result.evals[-1][1]['success']:.2f}")
+        if step % tcfg.eval_every == 0 or step == tcfg.steps:
+            run_eval(step)
+    bar.close()
+
+    # ---------------------------------------------------------------- wrap-up
+    if tcfg.save_checkpoint:
+        save_checkpoint(run_dir / "checkpoint", model, tokenizer, learner.optimizer, tcfg.steps)
+    plot_curves(result.train, result.evals, run_dir / "curves.png")
+    table = before_after_table([e for _, e in result.evals])
+    (run_dir / "summary.txt").write_text(table + "\n")
+    (run_dir / "evals.json").write_text(json.dumps([{"step": s, **e} for s, e in result.evals], indent=1))
+    logger.close()
+    print(table, flush=True)
+    return result
+
+
+def save_checkpoint(path: Path, model, tokenizer, optimizer, step: int) -> None:
+    """``save_pretrained`` model and tokenizer, plus the optimizer state and step."""
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    torch.save({"optimizer": optimizer.state_dict(), "step": step}, path / "trainer_state.pt")
