@@ -60,13 +60,6 @@ def test_load_pretrained_gives_the_same_tokenizer(saved, tokenizer):
     assert loaded.decode(ids, skip_special_tokens=False) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG turnrl/agents/model.py load_pretrained: with the model's config.json (model_type qwen2) "
-    "in the same folder, AutoTokenizer builds a Qwen2Tokenizer whose pre-tokenizer splits every digit, "
-    "so ' 17' -> ['Ġ', '1', '7'] instead of the trained single token; PreTrainedTokenizerFast."
-    "from_pretrained(path) loads the saved tokenizer.json unchanged",
-)
 def test_load_pretrained_tokenizer_encodes_to_the_same_ids(saved, tokenizer):
     _, loaded = load_pretrained(str(saved))
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)

@@ -27,12 +27,6 @@ def test_integers_with_a_leading_space_are_single_tokens(tokenizer, max_number):
         assert tokenizer.decode(ids) == f" {i}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG turnrl/agents/tokenizer.py build_tokenizer: number_lines = ' '.join(numbers) never "
-    "puts a space before '0' (it is the first item), so ' 0' is one token only if the corpus "
-    "happens to contain it",
-)
 @pytest.mark.parametrize("which", ["shared", "empty_corpus"])
 def test_zero_with_a_leading_space_is_a_single_token(tokenizer, which):
     tok = tokenizer if which == "shared" else build_tokenizer([], max_number=20)

@@ -1,11 +1,14 @@
-"""PPO-clip loss, its token-mean normalisation, and the KL estimators."""
+"""PPO-clip loss, its aggregation over tokens (token-mean over the global count), and the
+KL estimators."""
 
 import math
 
 import pytest
 import torch
 
-from turnrl.algorithms import KL_ESTIMATORS, ppo_clip_loss
+from turnrl.algorithms import AGGREGATIONS, KL_ESTIMATORS, ppo_clip_loss
+
+token_mean = AGGREGATIONS.get("token-mean")
 
 # per token: (advantage, ratio) -> hand-computed max(-A r, -A clip(r, 0.8, 1.2)) and whether clipping is active
 CASES = [
@@ -29,9 +32,11 @@ def case_tensors():
 
 def test_ppo_clip_loss_matches_hand_computed_values():
     new, old, adv, mask = case_tensors()
-    loss, stats = ppo_clip_loss(new, old, adv, mask, total_tokens=len(CASES))
+    weights = token_mean(mask)
+    assert weights.tolist() == [[1 / len(CASES)] * len(CASES) + [0.0]]
+    loss, stats = ppo_clip_loss(new, old, adv, weights)
     expected = sum(v for _, _, v, _ in CASES) / len(CASES)
-    assert float(loss) == pytest.approx(expected, abs=1e-9)
+    assert loss.item() == pytest.approx(expected, abs=1e-9)
     assert float(stats["clipped"]) == sum(c for *_, c in CASES)  # clip fraction numerator
     assert float(stats["ratio"]) == pytest.approx(sum(r for _, r, _, _ in CASES), abs=1e-9)
     assert float(stats["approx_kl"]) == pytest.approx(sum(0.5 * math.log(r) ** 2 for _, r, _, _ in CASES), abs=1e-9)
@@ -45,7 +50,7 @@ def test_ppo_clip_loss_uses_asymmetric_clip_bounds():
     ratio = torch.tensor([[1.25, 1.35, 0.75]], dtype=torch.float64)
     old = torch.zeros_like(ratio)
     adv = torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float64)
-    loss, stats = ppo_clip_loss(ratio.log(), old, adv, torch.ones_like(ratio), 3.0, clip_low=0.1, clip_high=0.28)
+    loss, stats = ppo_clip_loss(ratio.log(), old, adv, token_mean(torch.ones_like(ratio)), clip_low=0.1, clip_high=0.28)
     # 1.25 inside (1 + 0.28); 1.35 capped at 1.28; 0.75 below 0.9 with A < 0: -(-1) * 0.9
     assert float(loss) == pytest.approx((-1.25 - 1.28 + 0.9) / 3, abs=1e-9)
     assert float(stats["clipped"]) == 2
@@ -56,7 +61,7 @@ def test_ppo_clip_loss_at_ratio_one_is_minus_mean_advantage():
     lp = torch.randn(3, 5, generator=gen)
     adv = torch.randn(3, 5, generator=gen)
     mask = (torch.rand(3, 5, generator=gen) > 0.3).float()
-    loss, stats = ppo_clip_loss(lp, lp, adv, mask, float(mask.sum()))
+    loss, stats = ppo_clip_loss(lp, lp, adv, token_mean(mask))
     assert float(loss) == pytest.approx(float(-(adv * mask).sum() / mask.sum()), abs=1e-6)
     assert float(stats["clipped"]) == 0 and float(stats["ratio"]) == pytest.approx(float(mask.sum()))
 
@@ -71,26 +76,38 @@ def test_micro_batches_with_the_global_token_count_sum_to_the_full_batch_loss_an
     mask[0, :6] = 1  # rows with very different token counts
     mask[3] = 0
     mask[3, 0] = 1
-    total = float(mask.sum())
+    weights = token_mean(mask)  # computed once, on the whole batch
+    assert torch.allclose(weights, mask / mask.sum())
 
     full_lp = base.clone().requires_grad_(True)
-    full, full_stats = ppo_clip_loss(full_lp, old, adv, mask, total)
+    full, full_stats = ppo_clip_loss(full_lp, old, adv, weights)
     full.backward()
+    per_token = torch.maximum(-adv * (base - old).exp(), -adv * (base - old).exp().clamp(0.8, 1.2))
+    assert full.item() == pytest.approx(float((per_token * mask).sum() / mask.sum()), abs=1e-12)
 
     micro_lp = base.clone().requires_grad_(True)
     parts, clipped = [], 0.0
     for rows in (slice(0, 2), slice(2, 4)):
-        part, stats = ppo_clip_loss(micro_lp[rows], old[rows], adv[rows], mask[rows], total)
+        part, stats = ppo_clip_loss(micro_lp[rows], old[rows], adv[rows], weights[rows])
         part.backward()  # gradients accumulate as in the learner
-        parts.append(float(part))
+        parts.append(part.item())
         clipped += float(stats["clipped"])
-    assert sum(parts) == pytest.approx(float(full), abs=1e-12)
+    assert sum(parts) == pytest.approx(full.item(), abs=1e-12)
     assert torch.allclose(micro_lp.grad, full_lp.grad, atol=1e-12)
     assert clipped == float(full_stats["clipped"]) > 0
-    # the per-micro-batch mean would weight tokens differently (the bug the global count avoids)
-    per_micro_mean = sum(float(ppo_clip_loss(base[r], old[r], adv[r], mask[r], float(mask[r].sum()))[0]) / 2
+    # per-micro-batch token means would weight tokens differently (what the global count avoids)
+    per_micro_mean = sum(float(ppo_clip_loss(base[r], old[r], adv[r], token_mean(mask[r]))[0]) / 2
                          for r in (slice(0, 2), slice(2, 4)))
-    assert abs(per_micro_mean - float(full)) > 1e-3
+    assert abs(per_micro_mean - full.item()) > 1e-3
+
+
+def test_loss_aggregations_weigh_tokens_or_trajectories_equally():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(token_mean(mask), mask / 5)
+    seq = AGGREGATIONS.get("seq-mean-token-mean")(mask)
+    assert seq.sum(dim=1).tolist() == pytest.approx([0.5, 0.5, 0.0])  # rows with tokens weigh the same
+    assert (seq[mask == 0] == 0).all()
+    assert (token_mean(torch.zeros(2, 3)) == 0).all()  # no tokens: no division by zero
 
 
 def test_kl_k3_is_nonnegative_and_zero_when_logprobs_are_equal():
@@ -113,11 +130,6 @@ def test_kl_k1_is_logprob_minus_reference_logprob():
     assert k1(lp, ref).tolist() == [1.0, 0.0, -2.0]  # positive where the policy is more likely
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG turnrl/algorithms/losses.py kl_k3: d.exp() - d - 1.0 in float32 rounds to about -6e-8 "
-    "for |d| ~ 1e-4 (e.g. one small policy step from the reference); torch.expm1(d) - d is exactly >= 0",
-)
 def test_kl_k3_is_nonnegative_for_nearly_equal_float32_logprobs():
     gen = torch.Generator().manual_seed(0)
     lp = -torch.rand(10_000, generator=gen) * 5

@@ -21,7 +21,7 @@ def test_sft_steps_on_scripted_expert_episodes_lower_the_loss(fresh_model, rende
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(loss))
+        losses.append(loss.item())
     with torch.no_grad():
         losses.append(float(sft_loss(fresh_model, batch)))
     assert losses[-1] < losses[0] - 0.5, losses

@@ -1,4 +1,5 @@
 from turnrl.envs import GuessNumberEnv
+from turnrl.envs.guess_number import is_held_out
 
 
 def test_prompt_and_hints():
@@ -8,16 +9,19 @@ def test_prompt_and_hints():
         {"role": "system", "content": "You are playing a guessing game."},
         {"role": "user", "content": "Guess my number between 1 and 32. Reply with a number."},
     )
-    secret = env.task
-    assert info == {"task_id": f"guess-{secret}", "state_key": (1, 32), "turn": 0, "split": "train"}
+    upper, secret = env.task
+    assert upper == 32
+    assert info == {"task_id": f"guess-32-{secret}", "state_key": (1, 32), "turn": 0, "split": "train"}
     below, above = secret - 1, secret + 1
     if below >= 1:
         obs, reward, terminated, _, info = env.step(f"My guess is {below}, or {above}")
-        assert obs == ({"role": "user", "content": "higher"},) and reward == 0.0 and not terminated
+        assert obs == ({"role": "user", "content": f"higher, between {below + 1} and 32"},)
+        assert reward == 0.0 and not terminated
         assert info["state_key"] == (below + 1, 32)
     if above <= 32:
         obs, *_ , info = env.step(str(above))
-        assert obs == ({"role": "user", "content": "lower"},)
+        lo = below + 1 if below >= 1 else 1
+        assert obs == ({"role": "user", "content": f"lower, between {lo} and {above - 1}"},)
     obs, reward, terminated, truncated, info = env.step(str(secret))
     assert obs == ({"role": "user", "content": "correct"},)
     assert reward == 1.0 and terminated and not truncated and info["success"]
@@ -35,22 +39,38 @@ def test_invalid_replies_count_as_turns():
 
 
 def test_split_definition_and_state_key_sharing():
-    env = GuessNumberEnv()
-    assert env.split_secrets("test") == tuple(range(4, 33, 4))
-    assert len(env.split_secrets("train")) == 24
+    env = GuessNumberEnv(n=32, n_min=16)
+    train, test = set(env.split_tasks("train")), set(env.split_tasks("test"))
+    assert not train & test and len(train) + len(test) == sum(range(16, 33))
+    assert 0.15 < len(test) / (len(train) + len(test)) < 0.35
+    assert all(is_held_out(u, s) for u, s in test)
     keys = {}
-    for seed in range(60):
+    for seed in range(200):
         env.reset(seed=seed, options={"split": "test"})
-        assert env.task % 4 == 0
-        if env.task > 16:
-            keys[env.task] = env.step("16")[-1]["state_key"]
+        assert env.task in test
+        upper, secret = env.task
+        if upper == 32 and secret > 16:
+            keys[secret] = env.step("16")[-1]["state_key"]
     assert len(keys) >= 2 and set(keys.values()) == {(17, 32)}  # same hints, same key
 
 
+def test_range_of_upper_bounds_shows_in_prompt_and_bounds_guesses():
+    env = GuessNumberEnv(n=32, n_min=16)
+    uppers = set()
+    for seed in range(100):
+        obs, _ = env.reset(seed=seed)
+        upper = env.task[0]
+        uppers.add(upper)
+        assert obs[1]["content"] == f"Guess my number between 1 and {upper}. Reply with a number."
+        obs, *_ = env.step(str(upper + 1))
+        assert obs[0]["content"] == f"Reply with one number between 1 and {upper}."
+    assert min(uppers) >= 16 and max(uppers) <= 32 and len(uppers) > 8
+
+
 def test_binary_search_solves_every_secret_in_6_turns():
-    env = GuessNumberEnv()
+    env = GuessNumberEnv(n=32, n_min=16)
     solved = set()
-    for seed in range(400):
+    for seed in range(3000):
         obs, info = env.reset(seed=seed, options={"split": "train" if seed % 2 else "test"})
         for turn in range(6):
             *_, terminated, truncated, info = env.step(env.expert_action())
@@ -58,4 +78,4 @@ def test_binary_search_solves_every_secret_in_6_turns():
                 break
         assert info["success"]
         solved.add(env.task)
-    assert solved == set(range(1, 33))
+    assert solved == set(env.split_tasks("train")) | set(env.split_tasks("test"))

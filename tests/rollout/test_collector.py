@@ -4,6 +4,7 @@ import pytest
 
 from turnrl.agents import SamplingParams, TransformersPolicy
 from turnrl.envs import GuessNumberEnv
+from turnrl.envs.guess_number import is_held_out
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.rollout.metrics import rollout_metrics
 
@@ -35,7 +36,8 @@ def test_collect_returns_b_times_g_trajectories_grouped_by_task(policy_model, to
     for g, task in enumerate(tasks):
         group = trajectories[2 * g: 2 * g + 2]
         assert {t.task_id for t in group} == {task_id_of(task.seed, task.split)}
-    assert int(trajectories[4].task_id.removeprefix("guess-")) % 4 == 0  # a test-split secret
+    upper, secret = map(int, trajectories[4].task_id.removeprefix("guess-").split("-"))
+    assert is_held_out(upper, secret)  # a test-split task
     for t in trajectories:
         assert len(t.turn_rewards) == t.num_turns == len(t.state_keys) >= 1
         assert t.state_keys[0] == (1, 32)  # the feasible interval at the start

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import json
+from pathlib import Path
+
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+# Tokenizers saved from a plain ``tokenizers`` object (like the one built in code) carry one of
+# these classes; AutoTokenizer would instead rebuild the architecture's own tokenizer class
+# from config.json (Qwen2Tokenizer splits digits), changing the ids of numbers.
+_GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 @dataclass
@@ -49,7 +58,7 @@ def load_pretrained(path: str, dtype: str = "float32") -> tuple[PreTrainedModel,
 
     The tiny model saved with ``save_pretrained`` goes through exactly this code path.
     """
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = _load_tokenizer(path)
     if tokenizer.chat_template is None:
         raise ValueError(
             f"tokenizer at {path!r} has no chat template; multi-turn rollouts render "
@@ -60,3 +69,11 @@ def load_pretrained(path: str, dtype: str = "float32") -> tuple[PreTrainedModel,
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     return model, tokenizer
+
+
+def _load_tokenizer(path: str):
+    config = Path(path) / "tokenizer_config.json"
+    if config.is_file() and (Path(path) / "tokenizer.json").is_file():
+        if json.loads(config.read_text()).get("tokenizer_class") in _GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)

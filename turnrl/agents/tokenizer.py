@@ -43,7 +43,7 @@ def build_tokenizer(
     """
     numbers = [str(i) for i in range(max_number + 1)]
     # Each number appears often enough, alone and after a space, to be merged whole.
-    number_lines = [" ".join(numbers), "\n".join(numbers)] * 3
+    number_lines = [" " + " ".join(numbers), "\n".join(numbers)] * 3
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     bpe.decoder = decoders.ByteLevel()

@@ -28,10 +28,10 @@ def group_mean_std(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[tor
         raise ValueError(f"scores {tuple(scores.shape)} and group_index {tuple(group_index.shape)} must be equal 1-d shapes")
     _, inverse = torch.unique(group_index, return_inverse=True)
     groups = int(inverse.max()) + 1
-    count = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, torch.ones_like(scores))
-    total = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, scores)
+    count = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, torch.ones_like(scores))
+    total = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
     mean = total / count
-    sq = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    sq = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
     var = torch.where(count > 1, sq / (count - 1).clamp(min=1), torch.zeros_like(sq))
     return mean[inverse], var.sqrt()[inverse], count[inverse]
 

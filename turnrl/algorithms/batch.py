@@ -39,6 +39,10 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """The same batch on ``device``."""
+        return TrainBatch(**{k: v.to(device) for k, v in vars(self).items()})
+
     def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
         """The sub-batch of the given rows (for micro-batching)."""
         return TrainBatch(**{k: v[index] for k, v in vars(self).items()})

@@ -68,8 +68,10 @@ class Learner:
         if advantages.shape != batch.loss_mask.shape:
             raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
         cfg, n = self.cfg, len(batch)
+        device = next(self.model.parameters()).device
+        batch, advantages = batch.to(device), advantages.to(device)
         self.model.train()
-        minibatches = torch.arange(n).chunk(max(1, min(cfg.num_minibatches, n)))
+        minibatches = torch.arange(n, device=device).chunk(max(1, min(cfg.num_minibatches, n)))
         grad_norms = []
         for _ in range(cfg.ppo_epochs):
             sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "approx_kl", "ratio", "tokens")}

@@ -60,4 +60,4 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's k3: ``exp(d) - d - 1`` with ``d = log pi_ref - log pi``; >= 0, unbiased
     for KL(pi || pi_ref) under samples from pi. ``d`` is clamped to [-20, 20]."""
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
-    return d.exp() - d - 1.0
+    return torch.expm1(d) - d  # expm1 keeps it >= 0 in float32 when d is tiny

@@ -1,27 +1,51 @@
-"""GuessNumber: find a secret integer from "higher"/"lower" hints (no tools).
+"""GuessNumber: find a secret integer from higher/lower hints (no tools).
 
-Prompt: system ``"You are playing a guessing game."``; user ``"Guess my number
-between 1 and {n}. Reply with a number."``. Each turn the first integer in the
-assistant text is the guess; the env replies with a user message:
+Description:
+    A task is an upper bound ``n`` (fixed, or drawn from ``[n_min, n]``) and a secret in
+    ``[1, n]``. System prompt ``"You are playing a guessing game."``; user prompt
+    ``"Guess my number between 1 and {n}. Reply with a number."``.
 
-* ``"higher"`` if the secret is larger, ``"lower"`` if smaller;
-* ``"correct"`` when guessed: reward 1.0, terminated, success (the only
-  non-zero reward);
-* ``"Reply with one number between 1 and {n}."`` when no integer is found or it
-  is out of range (the turn still counts).
+Action Space:
+    The assistant's text; its first integer is the guess.
 
-Splits: test = secrets with ``secret % 4 == 0``; train = the others.
-``task_id = f"guess-{secret}"``. ``state_key`` = the feasible interval
-``(lo, hi)`` implied by the hints so far.
+Observation Space:
+    One user message per turn:
 
-Scripted players: ``expert_action`` (binary search; solves every secret for
-n=32 within 6 turns) and ``weak_expert_action`` (mostly a linear scan upward,
-sometimes the expert's bisection). Measured weak success with n=32,
-max_turns=6 (reset seeds 0..1999, player rng ``default_rng(10_000 + seed)``):
-train 0.42, test 0.25 (the upward scan alone only solves secrets <= 6).
+    * ``"higher, between {lo} and {hi}"`` if the secret is larger, ``"lower, between {lo}
+      and {hi}"`` if smaller, where ``[lo, hi]`` is the interval still feasible after all
+      hints so far (the game keeps score, so an interval-to-guess rule solves it);
+    * ``"correct"`` when guessed;
+    * ``"Reply with one number between 1 and {n}."`` when no integer is found or it is
+      out of range (the turn still counts).
+
+Rewards:
+    1.0 on the turn that names the secret (the outcome), 0.0 otherwise.
+
+Episode End:
+    Terminated when the secret is named; truncated after ``max_turns`` turns (default 6,
+    enough for binary search up to n = 63).
+
+Splits:
+    A task ``(n, secret)`` is held out (``test``) when ``crc32(f"{n}:{secret}") % 4 == 0``;
+    ``train`` holds the rest. With a range of upper bounds (``n_min``), a policy cannot
+    dodge the held-out secrets without knowing this table; with one fixed ``n`` it can
+    learn never to guess them (they are never rewarded in training), so held-out
+    evaluation should use a range. ``task_id = f"guess-{n}-{secret}"``; ``state_key`` is
+    the feasible interval ``(lo, hi)``.
+
+Scripted players:
+    ``expert_action`` is binary search (solves every task within 6 turns for n <= 63);
+    ``weak_expert_action`` is mostly a linear scan upward with the expert's bisection move
+    at p = 0.3. Measured weak success (n_min=16, n=32, 2000 seeds): train 0.48, test 0.49;
+    the upward scan alone solves only secrets <= 6.
+
+Version History:
+    v0: initial version.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 
@@ -31,64 +55,82 @@ from turnrl.tools import ParseResult, ToolResult
 
 SYSTEM_PROMPT = "You are playing a guessing game."
 HIGHER, LOWER, CORRECT = "higher", "lower", "correct"
+HINT = "{direction}, between {lo} and {hi}"
 WEAK_BISECT_PROB = 0.3
+HELD_OUT_BUCKETS = 4  # one hash bucket in four is the test split
+
+
+def is_held_out(n: int, secret: int) -> bool:
+    """Whether the task ``(n, secret)`` belongs to the test split (a stable hash)."""
+    return zlib.crc32(f"{n}:{secret}".encode()) % HELD_OUT_BUCKETS == 0
 
 
 class GuessNumberEnv(MultiTurnEnv):
-    """Guess a secret in ``[1, n]`` from higher/lower hints.
+    """Guess a secret in ``[1, n]`` from higher/lower hints that state the feasible interval.
 
     Args:
-        n: Upper bound of the secret (at least 4, so both splits are non-empty).
-        max_turns: Turn limit (default 6, enough for binary search up to n=63).
+        n: Largest upper bound of the secret's range.
+        n_min: When set, each task draws its upper bound from ``[n_min, n]``; else it is ``n``.
+        max_turns: Turn limit (default 6).
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     default_max_turns = 6
 
-    def __init__(self, n: int = 32, *, max_turns: int | None = None, tool_parser: str = "hermes") -> None:
+    def __init__(self, n: int = 32, n_min: int | None = None, *, max_turns: int | None = None,
+                 tool_parser: str = "hermes") -> None:
         if not isinstance(n, (int, np.integer)) or n < 4:
-            raise ValueError(f"n must be an int >= 4 (test split is the multiples of 4), got {n!r}")
+            raise ValueError(f"n must be an int >= 4, got {n!r}")
+        if n_min is not None and not (isinstance(n_min, (int, np.integer)) and 2 <= n_min <= n):
+            raise ValueError(f"n_min must be an int in [2, n={n}] or None, got {n_min!r}")
         self.n = int(n)
+        self.n_min = int(n_min) if n_min is not None else None
         super().__init__(tool_parser=tool_parser, max_turns=max_turns)
-        self._lo, self._hi = 1, self.n
+        self._upper, self._lo, self._hi = self.n, 1, self.n
 
-    def split_secrets(self, split: str) -> tuple[int, ...]:
-        """All secrets of a split: test = multiples of 4, train = the rest."""
+    def split_tasks(self, split: str) -> tuple[tuple[int, int], ...]:
+        """All ``(n, secret)`` tasks of a split."""
+        uppers = range(self.n_min if self.n_min is not None else self.n, self.n + 1)
         is_test = split == "test"
-        return tuple(s for s in range(1, self.n + 1) if (s % 4 == 0) == is_test)
+        return tuple((u, s) for u in uppers for s in range(1, u + 1) if is_held_out(u, s) == is_test)
 
     @property
     def invalid_reply(self) -> str:
         """The message sent when the turn holds no in-range integer."""
-        return f"Reply with one number between 1 and {self.n}."
+        return f"Reply with one number between 1 and {self._upper}."
 
     # ----------------------------------------------------------------- hooks
-    def _new_task(self, rng: np.random.Generator, split: str) -> int:
-        secrets = self.split_secrets(split)
-        return secrets[int(rng.integers(len(secrets)))]
+    def _new_task(self, rng: np.random.Generator, split: str) -> tuple[int, int]:
+        tasks = self.split_tasks(split)
+        if not tasks:
+            raise ValueError(f"the {split!r} split of GuessNumber(n={self.n}, n_min={self.n_min}) is empty")
+        return tasks[int(rng.integers(len(tasks)))]
 
-    def _task_id(self, task: int) -> str:
-        return f"guess-{task}"
+    def _task_id(self, task: tuple[int, int]) -> str:
+        return f"guess-{task[0]}-{task[1]}"
 
-    def _start_episode(self, task: int) -> list[Message]:
-        self._lo, self._hi = 1, self.n
+    def _start_episode(self, task: tuple[int, int]) -> list[Message]:
+        self._upper = task[0]
+        self._lo, self._hi = 1, self._upper
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Guess my number between 1 and {self.n}. Reply with a number."},
+            {"role": "user", "content": f"Guess my number between 1 and {self._upper}. Reply with a number."},
         ]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
-        guess, secret = first_int(action), self._task
-        if guess is None or not 1 <= guess <= self.n:
+        guess, secret = first_int(action), self._task[1]
+        if guess is None or not 1 <= guess <= self._upper:
             return TurnOutcome(messages=(_user(self.invalid_reply),))
         if guess == secret:
             self._lo = self._hi = secret
             return TurnOutcome(messages=(_user(CORRECT),), reward=1.0, terminated=True, success=True)
         if guess < secret:
             self._lo = max(self._lo, guess + 1)
-            return TurnOutcome(messages=(_user(HIGHER),))
-        self._hi = min(self._hi, guess - 1)
-        return TurnOutcome(messages=(_user(LOWER),))
+            direction = HIGHER
+        else:
+            self._hi = min(self._hi, guess - 1)
+            direction = LOWER
+        return TurnOutcome(messages=(_user(HINT.format(direction=direction, lo=self._lo, hi=self._hi)),))
 
     def _state_key(self) -> tuple[int, int]:
         return (self._lo, self._hi)
@@ -102,7 +144,7 @@ class GuessNumberEnv(MultiTurnEnv):
     def weak_expert_action(self, rng: np.random.Generator) -> str:
         """A weak player for warm starts: the lowest feasible value (a linear scan), or with
         p=0.3 the expert's bisection move. Imitating it gives a policy whose greedy choice is
-        the scan, while the better move is in its support: RL has to find out which wins.
+        the scan while the better move is in its support: RL has to find out which wins.
 
         Args:
             rng: The player's own generator (the env's ``np_random`` is not touched).
