@@ -10,9 +10,11 @@ from turnrl.conf.schema import Config
 from turnrl.trainer import train
 
 
-def _config(env_id: str, env_kwargs: dict, **trainer) -> Config:
+def _config(env_id: str, env_kwargs: dict, max_new_tokens: int = 8, **trainer) -> Config:
     cfg = OmegaConf.structured(Config)
     cfg.env.id, cfg.env.kwargs = env_id, env_kwargs
+    cfg.agent.max_new_tokens = max_new_tokens
+    cfg.algorithm.loss_agg = "seq-mean-token-mean"
     cfg.agent.warmstart.steps = 60
     cfg.agent.tokenizer.corpus_episodes = 50
     cfg.trainer.update(dict(eval_episodes=32, eval_every=10, progress=False, tensorboard=True, **trainer))
@@ -24,20 +26,21 @@ def _mean(values):
 
 
 @pytest.mark.parametrize(
-    "env_id, env_kwargs, steps, lr",
+    "env_id, env_kwargs, max_new_tokens, steps, lr",
     [
-        ("turnrl/GuessNumber-v0", {"n": 32}, 40, 1e-3),
+        ("turnrl/GuessNumber-v0", {"n": 32, "n_min": 16}, 8, 40, 5e-4),
         # the tool-using env: one calculator call, then the answer
-        ("turnrl/CalcMath-v0", {"num_ops": 1, "max_operand": 4}, 40, 1e-3),
+        ("turnrl/CalcMath-v0", {"num_ops": 1, "max_operand": 4}, 40, 40, 5e-4),
     ],
 )
-def test_grpo_run_moves_every_parameter_and_raises_reward(tmp_path, env_id, env_kwargs, steps, lr):
+def test_grpo_run_moves_every_parameter_and_raises_reward(tmp_path, env_id, env_kwargs, max_new_tokens, steps, lr):
     start = {}
 
     def snapshot(model):
         start.update({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
 
-    result = train(_config(env_id, env_kwargs, steps=steps, lr=lr), tmp_path, on_rl_start=snapshot)
+    cfg = _config(env_id, env_kwargs, max_new_tokens, steps=steps, lr=lr)
+    result = train(cfg, tmp_path, on_rl_start=snapshot)
 
     unchanged = [n for n, p in result.model.named_parameters() if p.requires_grad and torch.equal(p, start[n])]
     assert not unchanged, f"parameters not updated by RL: {unchanged}"
@@ -57,3 +60,15 @@ def test_grpo_run_moves_every_parameter_and_raises_reward(tmp_path, env_id, env_
                 "truncation_rate", "entropy", "kl", "clip_frac", "unique_ngram_rate", "step_time"):
         assert key in train_rows[0], key
     assert (tmp_path / "summary.txt").read_text().strip().splitlines()[-1].startswith("held-out success: before ")
+
+
+def test_training_from_a_saved_checkpoint_path_uses_the_same_code_path(tmp_path):
+    """``agent.path`` loads any HF causal LM; here the checkpoint a first run saved."""
+    first = train(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=2), tmp_path / "first")
+    cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=2))
+    cfg.agent.path = str(tmp_path / "first" / "checkpoint")
+    cfg.agent.warmstart.steps = 0
+    second = train(OmegaConf.to_object(cfg), tmp_path / "second")
+    assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab()
+    # the loaded model starts where the first run ended: same greedy held-out result
+    assert second.evals[0][1] == first.evals[-1][1]

@@ -104,7 +104,7 @@ class AlgorithmConfig:
 @dataclass
 class TrainerConfig:
     # RL steps (one rollout batch and update each)
-    steps: int = 200
+    steps: int = 300
     # distinct tasks per step (B)
     tasks_per_step: int = 8
     # samples per task (G); GRPO's group
