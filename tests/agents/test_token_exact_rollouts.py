@@ -4,7 +4,6 @@ Trajectories come from ``RolloutCollector`` + ``TransformersPolicy`` on real env
 ``rollouts`` fixture in tests/conftest.py): 2 tasks x 2 samples per env, multi-turn.
 """
 
-import inspect
 
 import pytest
 import torch
@@ -96,8 +95,6 @@ def test_rollouts_cover_both_finish_reasons(rollouts):
 def test_scoring_only_sampled_tokens_gives_the_same_logprobs_and_entropies(rollouts, policy_model, tokenizer, env_name):
     """``token_logprobs(..., score_mask=loss_mask)`` (the learner's fast path) agrees with
     scoring every token, on the sampled tokens, and is 0 elsewhere."""
-    if "score_mask" not in inspect.signature(token_logprobs).parameters:
-        pytest.skip("token_logprobs has no score_mask parameter")
     trajectories, _ = rollouts(env_name, 1.0)
     batch = collate(trajectories, tokenizer.pad_token_id)
     with torch.no_grad():
