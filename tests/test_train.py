@@ -72,3 +72,14 @@ def test_training_from_a_saved_checkpoint_path_uses_the_same_code_path(tmp_path)
     assert second.tokenizer.get_vocab() == first.tokenizer.get_vocab()
     # the loaded model starts where the first run ended: same greedy held-out result
     assert second.evals[0][1] == first.evals[-1][1]
+
+
+def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
+    from turnrl.trainer import _warn_once
+
+    cfg, warned = OmegaConf.to_object(OmegaConf.structured(Config)), set()
+    with caplog.at_level("WARNING", logger="turnrl.trainer"):
+        for _ in range(3):
+            _warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]

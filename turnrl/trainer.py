@@ -107,26 +107,33 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     run_eval(0)
     # ---------------------------------------------------------------- the RL loop
     bar = tqdm(range(1, tcfg.steps + 1), desc="RL", unit="step", disable=not tcfg.progress)
-    for step in bar:
-        t0 = time.perf_counter()
-        tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
-        trajectories = collector.collect(tasks, tcfg.group_size, sampling)
-        t_rollout = time.perf_counter() - t0
-        batch = collate(trajectories, tokenizer.pad_token_id)
-        advantages = score(batch)
-        update = learner.update(batch, advantages)
-        metrics = {**rollout_metrics(trajectories), **update,
-                   "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
-        result.train.append({"step": step, **metrics})
-        logger.log(step, metrics)
-        bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{result.evals[-1][1]['success']:.2f}")
-        if step % tcfg.eval_every == 0 or step == tcfg.steps:
-            run_eval(step)
+    warned: set[str] = set()
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
+            trajectories = collector.collect(tasks, tcfg.group_size, sampling)
+            t_rollout = time.perf_counter() - t0
+            batch = collate(trajectories, tokenizer.pad_token_id)
+            advantages = score(batch)
+            update = learner.update(batch, advantages)
+            metrics = {**rollout_metrics(trajectories), **update,
+                       "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
+            result.train.append({"step": step, **metrics})
+            logger.log(step, metrics)
+            bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{result.evals[-1][1]['success']:.2f}")
+            if step % tcfg.eval_every == 0 or step == tcfg.steps:
+                run_eval(step)
+            _warn_once(metrics, cfg, warned)
+    except KeyboardInterrupt:  # keep what was computed: evaluate, save and report below
+        log.warning("interrupted after %d RL steps; evaluating and saving what there is", len(result.train))
+        if result.evals[-1][0] != len(result.train):
+            run_eval(len(result.train))
     bar.close()
 
     # ---------------------------------------------------------------- wrap-up
     if tcfg.save_checkpoint:
-        save_checkpoint(run_dir / "checkpoint", model, tokenizer, learner.optimizer, tcfg.steps)
+        save_checkpoint(run_dir / "checkpoint", model, tokenizer, learner.optimizer, len(result.train))
     plot_curves(result.train, result.evals, run_dir / "curves.png")
     table = before_after_table([e for _, e in result.evals])
     (run_dir / "summary.txt").write_text(table + "\n")
@@ -134,6 +141,20 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     logger.close()
     print(table, flush=True)
     return result
+
+
+def _warn_once(metrics: dict, cfg: Config, warned: set[str]) -> None:
+    """Say so (once per run) when most turns are cut or most tool calls fail to parse."""
+    checks = {
+        "turn_length_cut_rate": f"over half the turns hit agent.max_new_tokens={cfg.agent.max_new_tokens} "
+                                "before the end-of-turn token; raise it if replies are cut",
+        "tool_parse_error_rate": f"over half the turns hold a malformed tool call (parser "
+                                 f"{cfg.agent.tool_parser!r}); check the call format the model writes",
+    }
+    for key, message in checks.items():
+        if metrics.get(key, 0.0) > 0.5 and key not in warned:
+            warned.add(key)
+            log.warning("%s (%s=%.2f)", message, key, metrics[key])
 
 
 def save_checkpoint(path: Path, model, tokenizer, optimizer, step: int) -> None:

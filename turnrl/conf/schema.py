@@ -59,7 +59,7 @@ class WarmStartConfig:
 class AgentConfig:
     # path (or hub id) of a Hugging Face causal LM with a chat template; null builds the tiny model
     path: Optional[str] = None
-    # dtype the model is loaded / built in
+    # dtype a checkpoint given by path is loaded in (the tiny model is built in float32)
     dtype: str = "float32"
     # architecture of the tiny model (ignored when path is set)
     model: ModelConfig = field(default_factory=ModelConfig)
