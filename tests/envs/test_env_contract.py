@@ -111,4 +111,4 @@ def test_bad_options_and_kwargs(env):
     with pytest.raises(ValueError, match="max_turns"):
         type(env)(max_turns=0)
     with pytest.raises(KeyError, match="hermes"):
-        type(env)(tool_parser="xml")
+        type(env)(tool_parser="no_such_parser")

@@ -5,6 +5,7 @@ Ids: ``turnrl/GuessNumber-v0`` and ``turnrl/CalcMath-v0`` (see ``registered_env_
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.calc_math import CalcMathEnv
+from turnrl.envs.check import check
 from turnrl.envs.guess_number import GuessNumberEnv
 from turnrl.envs.registration import register_envs, registered_env_ids
 
@@ -16,6 +17,7 @@ __all__ = [
     "Message",
     "MultiTurnEnv",
     "TurnOutcome",
+    "check",
     "register_envs",
     "registered_env_ids",
 ]

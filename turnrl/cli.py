@@ -1,0 +1,91 @@
+"""The ``turnrl`` command line: ``turnrl check-env <env-id>`` and ``turnrl list-envs``.
+
+Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
+
+Exit codes: 0 success (every check passed), 1 a check failed, 2 a usage error (bad
+arguments or an unknown env id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from turnrl.envs import check, registered_env_ids
+from turnrl.envs.check import UnknownEnvError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments without the program name; None means ``sys.argv[1:]``.
+
+    Returns:
+        The exit code: 0 ok, 1 a check failed, 2 an unknown env id. Bad arguments make
+        argparse exit with code 2 after printing the usage.
+    """
+    args = _parser().parse_args(argv)
+    return args.run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnrl", description="turnrl environment tools.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check_env = commands.add_parser(
+        "check-env", help="run the env-author checks on a registered env",
+        description="Run turnrl.envs.check on a registered env and print the report.",
+    )
+    check_env.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs)")
+    check_env.add_argument("--seeds", type=_positive_int, default=50,
+                           help="seeds per split for the expert check (default 50)")
+    check_env.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
+                           help="env constructor kwarg, repeatable; VALUE is parsed as JSON when it "
+                                "can be (16, true, [1, 2]), else taken as a string")
+    check_env.set_defaults(run=_check_env)
+
+    list_envs = commands.add_parser("list-envs", help="print the registered turnrl env ids")
+    list_envs.set_defaults(run=_list_envs)
+    return parser
+
+
+def _check_env(args: argparse.Namespace) -> int:
+    try:
+        report = check(args.env_id, seeds=args.seeds, env_kwargs=dict(args.kwarg))
+    except UnknownEnvError as e:
+        print(f"turnrl check-env: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.format())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _list_envs(args: argparse.Namespace) -> int:
+    print("\n".join(registered_env_ids()))
+    return EXIT_OK
+
+
+def _kwarg(text: str) -> tuple[str, Any]:
+    """``key=value`` -> ``(key, value)``, the value parsed as JSON when possible."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. n=16, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
