@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from turnrl.algorithms.batch import TrainBatch
-from turnrl.algorithms.registry import Registry
+from turnrl.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 

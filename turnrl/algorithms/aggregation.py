@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from turnrl.algorithms.registry import Registry
+from turnrl.registry import Registry
 
 AGGREGATIONS: Registry = Registry("loss aggregation")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from turnrl.algorithms.registry import Registry
+from turnrl.registry import Registry
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 

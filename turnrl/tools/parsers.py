@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from turnrl.registry import Registry
 from turnrl.tools.schema import json_type_name
 
 
@@ -53,24 +54,11 @@ class ParseResult:
 
 Parser = Callable[[str], ParseResult]
 
-PARSERS: dict[str, Parser] = {}
-"""Registry: parser name -> parser function. Use ``register_parser`` to add."""
+PARSERS: Registry[Parser] = Registry("tool parser")
+"""Registry: parser name -> parser function."""
 
-
-def register_parser(name: str) -> Callable[[Parser], Parser]:
-    """Decorator registering a parser function under ``name``.
-
-    Raises:
-        ValueError: If ``name`` is already registered.
-    """
-
-    def decorate(fn: Parser) -> Parser:
-        if name in PARSERS:
-            raise ValueError(f"tool parser {name!r} is already registered; choose another name")
-        PARSERS[name] = fn
-        return fn
-
-    return decorate
+register_parser = PARSERS.register
+"""Decorator registering a parser function under a name (a taken name raises ValueError)."""
 
 
 def get_parser(name: str) -> Parser:
@@ -79,9 +67,7 @@ def get_parser(name: str) -> Parser:
     Raises:
         KeyError: If ``name`` is unknown; the message lists the valid names.
     """
-    if name not in PARSERS:
-        raise KeyError(f"unknown tool parser {name!r}; valid parsers: {sorted(PARSERS)}")
-    return PARSERS[name]
+    return PARSERS.get(name)
 
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -376,25 +362,12 @@ def _decode_xml_call(raw_name: str, raw_args: str | None, index: int) -> ToolCal
 
 Formatter = Callable[[ToolCall], str]
 
-FORMATTERS: dict[str, Formatter] = {}
+FORMATTERS: Registry[Formatter] = Registry("tool-call format")
 """Registry: format name -> function writing one ``ToolCall`` in that format (the inverse of
-``PARSERS[name]``). Use ``register_formatter`` to add."""
+``PARSERS[name]``)."""
 
-
-def register_formatter(name: str) -> Callable[[Formatter], Formatter]:
-    """Decorator registering a formatter under ``name`` (normally a parser's name).
-
-    Raises:
-        ValueError: If ``name`` is already registered.
-    """
-
-    def decorate(fn: Formatter) -> Formatter:
-        if name in FORMATTERS:
-            raise ValueError(f"tool-call formatter {name!r} is already registered; choose another name")
-        FORMATTERS[name] = fn
-        return fn
-
-    return decorate
+register_formatter = FORMATTERS.register
+"""Decorator registering a formatter under a name (normally its parser's name)."""
 
 
 def format_call(call: ToolCall, name: str) -> str:
@@ -407,9 +380,7 @@ def format_call(call: ToolCall, name: str) -> str:
         KeyError: If ``name`` is unknown; the message lists the valid names.
         ValueError: If the call cannot be written in that format (see each formatter).
     """
-    if name not in FORMATTERS:
-        raise KeyError(f"unknown tool-call format {name!r}; valid formats: {sorted(FORMATTERS)}")
-    return FORMATTERS[name](call)
+    return FORMATTERS.get(name)(call)
 
 
 def _dump_json(value: Any) -> str:
