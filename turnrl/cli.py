@@ -1,4 +1,4 @@
-"""The ``turnrl`` command line: ``turnrl check-env <env-id>`` and ``turnrl list-envs``.
+"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs`` and ``baselines``.
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
@@ -14,7 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tqdm import tqdm
+
 from turnrl.envs import check, registered_env_ids
+from turnrl.envs.baselines import format_table, measure_all
 from turnrl.envs.check import UnknownEnvError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -52,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
 
     list_envs = commands.add_parser("list-envs", help="print the registered turnrl env ids")
     list_envs.set_defaults(run=_list_envs)
+
+    baselines = commands.add_parser(
+        "baselines", help="measure random / weak / expert success rates of envs",
+        description="Play scripted players on registered envs and print a markdown table of "
+                    "success rates (mean turns in parentheses).",
+    )
+    baselines.add_argument("env_ids", nargs="*", help="env ids (default: every registered turnrl env)")
+    baselines.add_argument("--episodes", type=_positive_int, default=200, help="episodes per player (default 200)")
+    baselines.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
+    baselines.set_defaults(run=_baselines)
     return parser
 
 
@@ -67,6 +80,19 @@ def _check_env(args: argparse.Namespace) -> int:
 
 def _list_envs(args: argparse.Namespace) -> int:
     print("\n".join(registered_env_ids()))
+    return EXIT_OK
+
+
+def _baselines(args: argparse.Namespace) -> int:
+    env_ids = args.env_ids or registered_env_ids()
+    unknown = [e for e in env_ids if e not in registered_env_ids()]
+    if unknown:
+        print(f"turnrl baselines: error: unknown env ids {unknown}; see `turnrl list-envs`", file=sys.stderr)
+        return EXIT_USAGE
+    rows = []
+    for env_id in tqdm(env_ids, desc="baselines", unit="env"):
+        rows += measure_all([env_id], episodes=args.episodes, split=args.split)
+    print(format_table(rows))
     return EXIT_OK
 
 

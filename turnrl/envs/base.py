@@ -13,6 +13,10 @@ Subclasses override small hooks only:
 * ``_on_turn(action, parse, tool_results)``: update state; return a ``TurnOutcome``.
 * ``_state_key()``: hashable env state at the start of the next turn.
 * ``expert_action()``: the scripted expert's action for the current state.
+* ``random_action(rng)`` (optional): a uniformly random well-formed action, the
+  random-policy baseline (``turnrl.envs.baselines``).
+* ``weak_expert_action(rng)`` (optional): the warm-start player; by default the expert
+  with p=``WEAK_EXPERT_PROB``, else ``random_action``.
 
 Info keys, always: ``task_id`` (str), ``state_key`` (Hashable), ``turn`` (turns
 taken so far), ``split``. After ``step`` also: ``success`` (bool, final when the
@@ -33,10 +37,12 @@ import numpy as np
 from turnrl.envs.messages import Message, action_space, observation_space, to_observation
 from turnrl.tools import ParseResult, Tool, ToolResult, execute_call, get_parser, tool_map
 
-__all__ = ["Message", "MultiTurnEnv", "Split", "TurnOutcome", "SPLITS"]
+__all__ = ["Message", "MultiTurnEnv", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
 
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")
+WEAK_EXPERT_PROB = 0.5
+"""Probability that the default ``weak_expert_action`` plays the expert's move."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,23 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
     @abstractmethod
     def expert_action(self) -> str:
         """The scripted expert's next action for the current state."""
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A uniformly random well-formed action for the current state (random baseline).
+
+        Well-formed means the env understands it (a legal move, a parseable tool call),
+        drawn uniformly from the legal choices the env offers; it uses only ``rng``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define random_action(rng)")
+
+    def weak_expert_action(self, rng: np.random.Generator) -> str:
+        """A warm-start player: the expert's move with p=``WEAK_EXPERT_PROB``, else ``random_action``.
+
+        Args:
+            rng: The player's own generator (the env's ``np_random`` is not touched).
+        """
+        self._require_active("weak_expert_action()")
+        return self.expert_action() if rng.random() < WEAK_EXPERT_PROB else self.random_action(rng)
 
     # ------------------------------------------------------------------ loop
     @property

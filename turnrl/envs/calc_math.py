@@ -201,6 +201,13 @@ class CalcMathEnv(MultiTurnEnv):
         call = {"name": "calculator", "arguments": {"expression": pending[0].expression}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A random answer: a uniform integer between the smallest and largest value any
+        operator choice over the task's operands can give (no tool calls)."""
+        self._require_active("random_action()")
+        low, high = sorted(_value_range(self._task.operands))
+        return f"Answer: {int(rng.integers(low, high + 1))}"
+
     def weak_expert_action(self, rng: np.random.Generator) -> str:
         """A weak player: p=0.35 the expert, else a mental answer, exact with p=0.2.
 
@@ -220,3 +227,15 @@ class CalcMathEnv(MultiTurnEnv):
         i = int(rng.integers(len(operands)))
         operands[i] += int(rng.choice([-3, -2, -1, 1, 2, 3]))
         return f"Answer: {Problem(tuple(operands), problem.ops).answer}"
+
+
+def _value_range(operands: tuple[int, ...]) -> tuple[int, int]:
+    """(min, max) over every assignment of ``+ - *`` to the gaps between ``operands``."""
+    values = [Problem(operands, ops).answer for ops in _op_assignments(len(operands) - 1)]
+    return min(values), max(values)
+
+
+def _op_assignments(k: int) -> list[tuple[str, ...]]:
+    if k == 0:
+        return [()]
+    return [(op, *rest) for op in OPS for rest in _op_assignments(k - 1)]

@@ -141,6 +141,11 @@ class GuessNumberEnv(MultiTurnEnv):
         self._require_active("expert_action()")
         return str((self._lo + self._hi) // 2)
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A uniformly random guess in ``[1, n]`` of the task (ignores the hints)."""
+        self._require_active("random_action()")
+        return str(int(rng.integers(1, self._upper + 1)))
+
     def weak_expert_action(self, rng: np.random.Generator) -> str:
         """A weak player for warm starts: the lowest feasible value (a linear scan), or with
         p=0.3 the expert's bisection move. Imitating it gives a policy whose greedy choice is
