@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed
 .PHONY: install train test clean
 
 $(STAMP): pyproject.toml
+	# bubblewrap (Debian package) is the sandbox for model-written code
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+	  || echo "warning: bubblewrap is missing and was not installed: run 'sudo apt-get install bubblewrap' for the code sandbox"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# the CPU wheel of torch first, so the range in pyproject pulls no CUDA build
