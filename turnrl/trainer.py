@@ -114,7 +114,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
             trajectories = collector.collect(tasks, tcfg.group_size, sampling)
             t_rollout = time.perf_counter() - t0
-            batch = collate(trajectories, tokenizer.pad_token_id)
+            batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
             advantages = score(batch)
             update = learner.update(batch, advantages)
             metrics = {**rollout_metrics(trajectories), **update,

@@ -135,3 +135,30 @@ def test_kl_k3_is_nonnegative_for_nearly_equal_float32_logprobs():
     lp = -torch.rand(10_000, generator=gen) * 5
     ref = lp + 1e-4 * torch.randn(10_000, generator=gen)
     assert (KL_ESTIMATORS.get("k3")(lp, ref) >= 0).all()
+
+
+def test_sum_aggregations_hand_computed():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    # two rows with tokens: each token weighs 1/2; Dr.GRPO: 1 / (2 rows * 4 longest)
+    assert torch.allclose(AGGREGATIONS["seq-mean-token-sum"](mask), mask / 2)
+    assert torch.allclose(AGGREGATIONS["seq-mean-token-sum-norm"](mask), mask / 8)
+
+
+@pytest.mark.parametrize("mode", AGGREGATIONS.names())
+def test_every_aggregation_gives_the_same_gradient_for_1_and_4_micro_batches(mode):
+    gen = torch.Generator().manual_seed(3)
+    n, t = 8, 7
+    old = -torch.rand(n, t, generator=gen, dtype=torch.float64) * 2
+    base = old + 0.3 * torch.randn(n, t, generator=gen, dtype=torch.float64)
+    adv = torch.randn(n, t, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(n, t, generator=gen) > 0.5).double()
+    mask[1] = 0  # a row without tokens
+    weights = AGGREGATIONS[mode](mask)  # once, on the whole batch
+    full_lp = base.clone().requires_grad_(True)
+    ppo_clip_loss(full_lp, old, adv, weights)[0].backward()
+    micro_lp = base.clone().requires_grad_(True)
+    for start in range(0, n, 2):
+        rows = slice(start, start + 2)
+        ppo_clip_loss(micro_lp[rows], old[rows], adv[rows], weights[rows])[0].backward()
+    assert torch.allclose(micro_lp.grad, full_lp.grad, atol=1e-12)
+    assert full_lp.grad.abs().sum() > 0

@@ -1,6 +1,7 @@
 """Advantage estimators (a registry of pure functions), losses and the learner."""
 
 from turnrl.algorithms.advantages import ADVANTAGES, grpo
+from turnrl.algorithms import turn_advantages  # noqa: F401  (registers the turn-level estimators)
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch, collate
 from turnrl.algorithms.learner import Learner, LearnerConfig

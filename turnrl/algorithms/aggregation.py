@@ -31,3 +31,21 @@ def seq_mean_token_mean(mask: torch.Tensor) -> torch.Tensor:
     per_row = mask.sum(dim=1, keepdim=True)
     rows = (per_row > 0).sum().clamp(min=1)
     return mask / per_row.clamp(min=1.0) / rows
+
+
+@AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(mask: torch.Tensor) -> torch.Tensor:
+    """Sum over each trajectory's tokens, mean over trajectories (with any tokens): a long
+    trajectory's tokens each weigh as much as a short one's, and its total weighs more."""
+    rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
+    return mask / rows
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(mask: torch.Tensor) -> torch.Tensor:
+    """Dr.GRPO's aggregation: token sums divided by one constant for the whole batch,
+    ``rows * L`` with ``L`` the most sampled tokens any trajectory of the batch has, so no
+    trajectory's tokens are scaled by its own length (the length bias of per-sequence means)."""
+    rows = (mask.sum(dim=1) > 0).sum().clamp(min=1)
+    longest = mask.sum(dim=1).max().clamp(min=1.0)
+    return mask / (rows * longest)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from turnrl.algorithms.anchors import anchor_index
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -24,6 +25,9 @@ class TrainBatch:
         group_index: ``[N]`` long, trajectories of one task share an index.
         turn_rewards: ``[N, K]`` float, per-turn rewards, 0-padded to the most turns ``K``.
         num_turns: ``[N]`` long.
+        state_index: ``[N, K]`` long, the anchor group of each turn's start state
+            (``turnrl.algorithms.anchors``; equal ids = the same state within a task's
+            group); -1 for turns without a state key and padded turns.
     """
 
     input_ids: torch.Tensor
@@ -35,6 +39,7 @@ class TrainBatch:
     group_index: torch.Tensor
     turn_rewards: torch.Tensor
     num_turns: torch.Tensor
+    state_index: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -48,8 +53,15 @@ class TrainBatch:
         return TrainBatch(**{k: v[index] for k, v in vars(self).items()})
 
 
-def collate(trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
-    """Stack trajectories into a ``TrainBatch`` (right padding)."""
+def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:
+    """Stack trajectories into a ``TrainBatch`` (right padding).
+
+    Args:
+        trajectories: the batch.
+        pad_id: id written into padding positions.
+        state_similarity: anchor grouping of state keys (``anchors.anchor_index``): None
+            for exact matches only.
+    """
     if not trajectories:
         raise ValueError("cannot collate an empty list of trajectories")
     n = len(trajectories)
@@ -80,4 +92,5 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> TrainBatch:
         group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
         turn_rewards=turn_rewards,
         num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),
+        state_index=anchor_index(trajectories, k_max, state_similarity),
     )

@@ -11,10 +11,16 @@ from hydra.core.config_store import ConfigStore
 
 @dataclass
 class EnvConfig:
-    # gymnasium id of a registered turnrl env (see turnrl.envs.registered_env_ids())
+    # gymnasium id of a registered turnrl env (see turnrl.envs.registered_env_ids()); with url, the
+    # id the server must serve; ignored when _target_ is set
     id: str = "turnrl/GuessNumber-v0"
-    # keyword arguments of the env's constructor (e.g. max_turns, n)
+    # keyword arguments of the env's constructor (e.g. max_turns, n); with url, sent to the server
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # URL of a `turnrl serve-env` server (e.g. http://127.0.0.1:8000): the env is a RemoteEnv of it
+    url: Optional[str] = None
+    # dotted path package.module.ClassName of a gymnasium.Env class, made with kwargs (need not be
+    # registered; its module must be importable, e.g. on PYTHONPATH); excludes url
+    _target_: Optional[str] = None
 
 
 @dataclass
@@ -97,8 +103,12 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     # weight of the entropy bonus
     entropy_coef: float = 0.0
-    # loss aggregation: token-mean or seq-mean-token-mean (turnrl.algorithms.aggregation)
+    # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
+    # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
     loss_agg: str = "token-mean"
+    # anchor-state grouping for step-level credit (GiGPO): null = exact state_key match,
+    # a float in (0, 1] also merges keys whose text is at least this similar
+    state_similarity: Optional[float] = None
 
 
 @dataclass
