@@ -1,6 +1,7 @@
 """End-to-end training on the tiny model: the real env, renderer, collector, GRPO and learner."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -83,3 +84,22 @@ def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
             _warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]
+
+
+def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp_path):
+    cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=4, tasks_per_step=3,
+                                       group_size=3))
+    cfg.agent.warmstart.steps = 20
+    cfg.algorithm.update(dict(advantage="gigpo", advantage_kwargs={"omega": 1.0, "gamma": 0.9},
+                              kl_coef=0.05, kl_target=0.001, kl_horizon=20, kl_placement="reward",
+                              kl_estimator="k2", tis="token", dual_clip=3.0, entropy_coef=0.01,
+                              entropy_schedule="linear", entropy_coef_end=0.0))
+    cfg.agent.update(dict(temperature=1.2, temperature_schedule="linear", temperature_end=0.8))
+    train(OmegaConf.to_object(cfg), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "temperature" in r]
+    assert [r["temperature"] for r in rows] == pytest.approx([1.2, 1.1, 1.0, 0.9])
+    assert [r["entropy_coef"] for r in rows] == pytest.approx([0.01, 0.0075, 0.005, 0.0025])
+    assert rows[0]["kl_coef"] == 0.05 and rows[-1]["kl_coef"] != 0.05  # the controller moved it
+    assert all("kl_reward_penalty" in r and "tis_weight" in r and "mismatch_abs" in r for r in rows)
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,9 @@ from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
+from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.build import advantage_fn, build_agent, env_factory
 from turnrl.conf.schema import Config
 from turnrl.evaluate import evaluate, heldout_tasks
@@ -90,9 +93,14 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
         clip_low=acfg.clip_low, clip_high=acfg.clip_high, kl_coef=acfg.kl_coef,
         kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
-        temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg,
+        temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
+        dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
     ))
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
+    kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
+    entropy_at = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end,
+                         total=tcfg.steps)
+    temperature_at = partial(SCHEDULES.get(cfg.agent.temperature_schedule), cfg.agent.temperature,
+                             cfg.agent.temperature_end, total=tcfg.steps)
     eval_tasks = heldout_tasks(tcfg.eval_episodes)
     task_rng = np.random.default_rng(cfg.seed)
     result = TrainResult(run_dir=run_dir, model=model, tokenizer=tokenizer)
@@ -111,13 +119,29 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     try:
         for step in bar:
             t0 = time.perf_counter()
+            # this step's coefficients; the learner scores at the temperature the sampler used
+            learner.cfg.temperature = temperature_at(step=step - 1)
+            learner.cfg.entropy_coef = entropy_at(step=step - 1)
+            learner.cfg.kl_coef = kl_ctl.value
+            sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=learner.cfg.temperature)
             tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
             trajectories = collector.collect(tasks, tcfg.group_size, sampling)
             t_rollout = time.perf_counter() - t0
             batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
+            coefs = {"kl_coef": kl_ctl.value, "entropy_coef": learner.cfg.entropy_coef,
+                     "temperature": learner.cfg.temperature}
+            reward_kl = None
+            if acfg.kl_placement == "reward" and learner.ref_model is not None:
+                ref_kl = learner.reference_kl(batch).cpu()  # before this step's update
+                reward_kl = float(ref_kl.sum() / batch.loss_mask.sum().clamp(min=1.0))
+                batch, penalty = kl_penalized(batch, ref_kl, kl_ctl.value)
+                coefs["kl_reward_penalty"] = float(penalty.mean())
             advantages = score(batch)
             update = learner.update(batch, advantages)
-            metrics = {**rollout_metrics(trajectories), **update,
+            if reward_kl is not None:
+                update["kl"] = reward_kl
+            kl_ctl.update(update["kl"], len(trajectories))
+            metrics = {**rollout_metrics(trajectories), **update, **coefs,
                        "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
             result.train.append({"step": step, **metrics})
             logger.log(step, metrics)

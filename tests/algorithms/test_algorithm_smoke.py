@@ -3,6 +3,8 @@ composed config's estimator and loss aggregation run through the real learner, e
 parameter that gets gradient moves, nothing is NaN."""
 
 import copy
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +73,18 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
     moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert len(moved) == len(before)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
+    advantages = torch.where(mixed_batch.loss_mask > 0, torch.randn(mixed_batch.loss_mask.shape,
+                             generator=torch.Generator().manual_seed(0)), torch.zeros(()))
+    on_policy = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4)).update(mixed_batch, advantages)
+    assert on_policy["mismatch_abs"] < 1e-4 and on_policy["mismatch_kl"] < 1e-6
+    # a sampler whose logprobs are 0.1 higher than the learner's on every sampled token
+    stale = dataclasses.replace(mixed_batch, old_logprobs=mixed_batch.old_logprobs + 0.1 * mixed_batch.loss_mask)
+    off = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4)).update(stale, advantages)
+    assert off["mismatch_abs"] == pytest.approx(0.1, abs=1e-3)
+    assert off["ratio"] == pytest.approx(math.exp(-0.1), abs=1e-3)  # the ratio is against the sampler
+    tis = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4, tis="token")).update(stale, advantages)
+    assert tis["tis_weight"] == pytest.approx(math.exp(-0.1), abs=1e-3)
+    assert tis["ratio"] == pytest.approx(1.0, abs=1e-3)  # with TIS the ratio is against the learner

@@ -5,12 +5,14 @@ entropy bonus. Plain torch; the model and optimizer are the only state (accelera
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.importance import LEVELS, logprob_mismatch, truncated_is_weights
+from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
 from turnrl.algorithms.scoring import token_logprobs
 
@@ -32,6 +34,11 @@ class LearnerConfig:
     entropy_coef: float = 0.0  # weight of the entropy bonus (subtracted from the loss)
     temperature: float = 1.0  # the sampling temperature: logits are scaled the same way
     loss_agg: str = "token-mean"  # loss aggregation mode (turnrl.algorithms.aggregation)
+    kl_placement: str = "loss"  # "loss": beta * KL in the loss; "reward": the trainer puts it in the rewards
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None = off)
+    log_ratio_clip: float = 20.0  # |log ratio| is clamped to this before exp
+    tis: str = "none"  # truncated importance sampling vs the sampler: none, token or sequence
+    tis_cap: float = 2.0  # upper truncation of the TIS ratio
 
 
 class Learner:
@@ -47,6 +54,10 @@ class Learner:
         self.cfg = cfg
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.kl_placement not in PLACEMENTS:
+            raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {cfg.kl_placement!r}")
+        if cfg.tis not in LEVELS:
+            raise ValueError(f"tis must be one of {LEVELS}, got {cfg.tis!r}")
         self.ref_model = None
         if cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -72,14 +83,28 @@ class Learner:
         batch, advantages = batch.to(device), advantages.to(device)
         self.model.train()
         minibatches = torch.arange(n, device=device).chunk(max(1, min(cfg.num_minibatches, n)))
-        grad_norms = []
-        for _ in range(cfg.ppo_epochs):
-            sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "approx_kl", "ratio", "tokens")}
-            for rows in minibatches:
+        # the sampler/learner mismatch is measured on the learner's logprobs before any step:
+        # from a no-grad pre-pass with TIS (whose ratio then uses the learner's logprobs as
+        # "old"), else for free on the first minibatch's first forward
+        mismatch = {"mismatch_abs": 0.0, "mismatch_kl": 0.0, "mismatch_max": 0.0, "tokens": 0.0}
+        is_weights = None
+        if cfg.tis != "none":
+            learner_old = self.score(batch)
+            _add_mismatch(mismatch, learner_old, batch.old_logprobs, batch.loss_mask)
+            is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, cfg.tis, cfg.tis_cap)
+            batch = replace(batch, old_logprobs=learner_old)
+        grad_norms, extremes = [], {"ratio_max": 0.0, "ratio_min": float("inf")}
+        for epoch in range(cfg.ppo_epochs):
+            sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
+                                     "ratio", "tokens")}
+            for m, rows in enumerate(minibatches):
+                measure = mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
                 weights = torch.zeros_like(batch.loss_mask)
                 weights[rows] = self.aggregate(batch.loss_mask[rows])
                 for micro in rows.split(cfg.micro_batch_size):
-                    self._backward(batch.rows(micro), advantages[micro], weights[micro], sums)
+                    isw = None if is_weights is None else is_weights[micro]
+                    self._backward(batch.rows(micro), advantages[micro], weights[micro], sums, isw, extremes,
+                                   measure)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -89,23 +114,62 @@ class Learner:
         metrics["pg_loss"] = pg_loss
         metrics["clip_frac"] = metrics.pop("clipped")
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        measured = max(mismatch.pop("tokens"), 1.0)
+        metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
+        metrics["mismatch_kl"] = mismatch["mismatch_kl"] / measured
+        metrics["mismatch_max"] = mismatch["mismatch_max"]
+        if is_weights is not None:
+            metrics["tis_weight"] = float(is_weights.sum()) / max(float(batch.loss_mask.sum()), 1.0)
+        metrics.update(extremes)
         return metrics
 
-    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, sums: dict) -> None:
+    @torch.no_grad()
+    def score(self, batch: TrainBatch, model=None) -> torch.Tensor:
+        """``[N, T]`` logprobs of the sampled tokens under ``model`` (default: the policy), no
+        gradient, in micro-batches; 0 off the loss mask."""
+        model = self.model if model is None else model
+        out = torch.zeros_like(batch.loss_mask)
+        for micro in torch.arange(len(batch), device=batch.loss_mask.device).split(self.cfg.micro_batch_size):
+            mb = batch.rows(micro)
+            lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
+                                   score_mask=mb.loss_mask)
+            out[micro] = lp * mb.loss_mask
+        return out
+
+    def reference_kl(self, batch: TrainBatch) -> torch.Tensor:
+        """``[N, T]`` per-token KL estimates of the policy to the frozen reference (for KL in
+        the reward); 0 off the loss mask.
+
+        Raises:
+            RuntimeError: If the learner has no reference model (``kl_coef == 0``).
+        """
+        if self.ref_model is None:
+            raise RuntimeError("no reference model: set kl_coef > 0 to use KL to the reference")
+        device = next(self.model.parameters()).device
+        batch = batch.to(device)
+        return self.kl_fn(self.score(batch), self.score(batch, self.ref_model)) * batch.loss_mask
+
+    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, sums: dict,
+                  is_weights: torch.Tensor | None, extremes: dict, measure: dict | None) -> None:
         cfg = self.cfg
         mask = mb.loss_mask
         logprobs, entropy = token_logprobs(
             self.model, mb.input_ids, mb.attention_mask, cfg.temperature,
             with_entropy=True, score_mask=mask,
         )
+        if measure is not None:
+            _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = ppo_clip_loss(
-            logprobs, mb.old_logprobs, adv, weights, cfg.clip_low, cfg.clip_high
+            logprobs, mb.old_logprobs, adv, weights, cfg.clip_low, cfg.clip_high,
+            dual_clip=cfg.dual_clip, log_ratio_clip=cfg.log_ratio_clip, is_weights=is_weights,
         )
+        extremes["ratio_max"] = max(extremes["ratio_max"], float(stats.pop("ratio_max")))
+        extremes["ratio_min"] = min(extremes["ratio_min"], float(stats.pop("ratio_min")))
         loss = pg_loss
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * (entropy * weights).sum()
         kl_sum = 0.0
-        if self.ref_model is not None:
+        if self.ref_model is not None and cfg.kl_placement == "loss":
             with torch.no_grad():
                 ref_logprobs, _ = token_logprobs(
                     self.ref_model, mb.input_ids, mb.attention_mask, cfg.temperature, score_mask=mask
@@ -120,3 +184,11 @@ class Learner:
         sums["tokens"] += float(mask.sum())
         for k, v in stats.items():
             sums[k] += float(v)
+
+
+def _add_mismatch(acc: dict, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> None:
+    stats = logprob_mismatch(learner_lp, sampler_lp, mask)
+    acc["mismatch_abs"] += float(stats["mismatch_abs"])
+    acc["mismatch_kl"] += float(stats["mismatch_kl"])
+    acc["mismatch_max"] = max(acc["mismatch_max"], float(stats["mismatch_max"]))
+    acc["tokens"] += float(mask.sum())

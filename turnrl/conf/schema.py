@@ -77,8 +77,13 @@ class AgentConfig:
     tool_parser: str = "hermes"
     # most tokens in one assistant turn
     max_new_tokens: int = 24
-    # sampling temperature during training rollouts (evaluation is greedy)
+    # sampling temperature during training rollouts (evaluation is greedy), at the first step
     temperature: float = 1.0
+    # schedule of the sampling temperature over trainer.steps: constant, linear or cosine
+    # (start hot, end at the temperature serving will use; the learner scores at the same one)
+    temperature_schedule: str = "constant"
+    # temperature at the last step (linear / cosine schedules)
+    temperature_end: float = 1.0
     # an episode longer than this many tokens ends with termination "context_length"
     max_context_tokens: int = 1024
 
@@ -99,10 +104,29 @@ class AlgorithmConfig:
     num_minibatches: int = 1
     # weight of KL to the frozen initial policy in the loss (0 = no reference model)
     kl_coef: float = 0.0
-    # per-token KL estimator: k1 or k3
+    # per-token KL estimator: k1, k2 or k3
     kl_estimator: str = "k3"
-    # weight of the entropy bonus
+    # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (each
+    # turn's reward is lowered by beta * its tokens' KL, before the advantage estimator)
+    kl_placement: str = "loss"
+    # adaptive KL: the per-token KL to steer to (null = fixed kl_coef; needs kl_coef > 0)
+    kl_target: Optional[float] = None
+    # adaptive KL: trajectories over which beta moves by about 20%
+    kl_horizon: int = 10000
+    # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c
+    dual_clip: Optional[float] = None
+    # |log ratio| is clamped to this before exp (a stale token cannot overflow the ratio)
+    log_ratio_clip: float = 20.0
+    # truncated importance sampling against the sampler's logprobs: none, token or sequence
+    tis: str = "none"
+    # upper truncation of the TIS ratio
+    tis_cap: float = 2.0
+    # weight of the entropy bonus (at the first step)
     entropy_coef: float = 0.0
+    # schedule of the entropy weight over trainer.steps: constant, linear or cosine
+    entropy_schedule: str = "constant"
+    # entropy weight at the last step (linear / cosine schedules)
+    entropy_coef_end: float = 0.0
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
     # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
     loss_agg: str = "token-mean"
