@@ -22,6 +22,8 @@ from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
+from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
+from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
 from turnrl.algorithms.schedules import SCHEDULES
@@ -96,6 +98,12 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
         dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
     ))
+    critic = None
+    if acfg.advantage in VALUE_TARGETS:
+        critic = CriticLearner(Critic.from_policy(model).to(tcfg.device), CriticConfig(
+            lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
+            micro_batch_size=tcfg.micro_batch_size))
+        value_targets = VALUE_TARGETS.get(acfg.advantage)
     kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
     entropy_at = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end,
                          total=tcfg.steps)
@@ -136,8 +144,12 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
                 reward_kl = float(ref_kl.sum() / batch.loss_mask.sum().clamp(min=1.0))
                 batch, penalty = kl_penalized(batch, ref_kl, kl_ctl.value)
                 coefs["kl_reward_penalty"] = float(penalty.mean())
+            if critic is not None:
+                batch.values = critic.values(batch)
             advantages = score(batch)
             update = learner.update(batch, advantages)
+            if critic is not None:
+                update.update(critic.update(batch, value_targets(batch, **acfg.advantage_kwargs), batch.values))
             if reward_kl is not None:
                 update["kl"] = reward_kl
             kl_ctl.update(update["kl"], len(trajectories))

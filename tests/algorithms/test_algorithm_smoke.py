@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from turnrl.agents.scripted import scripted_episode
-from turnrl.algorithms import Learner, LearnerConfig, collate, token_logprobs
+from turnrl.algorithms import VALUE_TARGETS, Learner, LearnerConfig, collate, token_logprobs
+from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
 from turnrl.build import advantage_fn
 from turnrl.conf.schema import register_configs
 from turnrl.envs import GuessNumberEnv
@@ -60,6 +61,10 @@ def test_every_estimator_has_a_config():
 def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch, tiny_model):
     cfg = compose_algorithm(name)
     acfg = cfg.algorithm
+    critic = None
+    if acfg.advantage in VALUE_TARGETS:
+        critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=1e-2, value_clip=acfg.value_clip))
+        mixed_batch = dataclasses.replace(mixed_batch, values=critic.values(mixed_batch))
     advantages = advantage_fn(cfg)(mixed_batch)
     assert advantages.shape == mixed_batch.loss_mask.shape and torch.isfinite(advantages).all()
     assert advantages.abs().sum() > 0 and torch.all(advantages[mixed_batch.loss_mask == 0] == 0)
@@ -73,6 +78,30 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
     moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert len(moved) == len(before)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    if critic is not None:
+        targets = VALUE_TARGETS[acfg.advantage](mixed_batch, **acfg.advantage_kwargs)
+        head_before = critic.critic.head.weight.clone()
+        fit = critic.update(mixed_batch, targets, mixed_batch.values)
+        assert np.isfinite(fit["value_loss"]) and not torch.equal(head_before, critic.critic.head.weight)
+
+
+def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
+    critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=3e-3, value_clip=None))
+    assert critic.values(mixed_batch).abs().sum() == 0  # the head starts at zero
+    targets = mixed_batch.scores[:, None] * mixed_batch.loss_mask  # each row's return on its tokens
+    losses = [critic.update(mixed_batch, targets, critic.values(mixed_batch))["value_loss"] for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]
+    # the policy's own weights are not the critic's
+    assert critic.critic.backbone is not tiny_model.get_decoder()
+
+
+def test_value_clipping_limits_the_move_from_old_values(mixed_batch, tiny_model):
+    critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=1e-2, value_clip=0.01))
+    old = critic.values(mixed_batch)
+    targets = (old + 5.0) * mixed_batch.loss_mask
+    for _ in range(3):
+        stats = critic.update(mixed_batch, targets, old)
+    assert stats["value_clip_frac"] > 0.5  # most tokens' values left the +-0.01 band
 
 
 def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):

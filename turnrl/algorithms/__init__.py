@@ -1,7 +1,8 @@
 """Advantage estimators (a registry of pure functions), losses and the learner."""
 
 from turnrl.algorithms.advantages import ADVANTAGES, grpo
-from turnrl.algorithms import turn_advantages  # noqa: F401  (registers the turn-level estimators)
+from turnrl.algorithms import critic_advantages, turn_advantages  # noqa: F401  (register estimators)
+from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch, collate
 from turnrl.algorithms.learner import Learner, LearnerConfig
@@ -15,6 +16,7 @@ __all__ = [
     "Learner",
     "LearnerConfig",
     "TrainBatch",
+    "VALUE_TARGETS",
     "collate",
     "grpo",
     "ppo_clip_loss",

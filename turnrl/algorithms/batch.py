@@ -28,6 +28,8 @@ class TrainBatch:
         state_index: ``[N, K]`` long, the anchor group of each turn's start state
             (``turnrl.algorithms.anchors``; equal ids = the same state within a task's
             group); -1 for turns without a state key and padded turns.
+        values: ``[N, T]`` float, the critic's value of the state before each sampled token
+            (0 elsewhere), set by the trainer for critic-based estimators; None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -40,17 +42,18 @@ class TrainBatch:
     turn_rewards: torch.Tensor
     num_turns: torch.Tensor
     state_index: torch.Tensor
+    values: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def to(self, device: torch.device | str) -> "TrainBatch":
         """The same batch on ``device``."""
-        return TrainBatch(**{k: v.to(device) for k, v in vars(self).items()})
+        return TrainBatch(**{k: None if v is None else v.to(device) for k, v in vars(self).items()})
 
     def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
         """The sub-batch of the given rows (for micro-batching)."""
-        return TrainBatch(**{k: v[index] for k, v in vars(self).items()})
+        return TrainBatch(**{k: None if v is None else v[index] for k, v in vars(self).items()})
 
 
 def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:

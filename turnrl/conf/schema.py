@@ -130,6 +130,10 @@ class AlgorithmConfig:
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
     # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
     loss_agg: str = "token-mean"
+    # critic-based estimators (gae, turn_gae): Adam learning rate of the critic model
+    critic_lr: float = 1e-3
+    # PPO value clipping around the old values (null = off)
+    value_clip: Optional[float] = 0.2
     # anchor-state grouping for step-level credit (GiGPO): null = exact state_key match,
     # a float in (0, 1] also merges keys whose text is at least this similar
     state_similarity: Optional[float] = None

@@ -1,0 +1,114 @@
+"""The critic for PPO/GAE: a separate model (decoder backbone + linear value head) and its
+clipped value-loss update."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from turnrl.algorithms.batch import TrainBatch
+
+
+class Critic(torch.nn.Module):
+    """``V`` of the state before each sampled token.
+
+    ``values[:, t]`` is predicted from the hidden state at ``t - 1`` (the tokens before
+    ``t``), aligned with ``token_logprobs``. The head starts at zero, so a new critic
+    predicts 0 everywhere.
+
+    Args:
+        backbone: a decoder returning ``last_hidden_state`` (e.g. ``model.get_decoder()``).
+        hidden_size: width of its hidden states.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_policy(cls, policy) -> "Critic":
+        """A critic whose backbone is a copy of the policy's decoder (its own weights)."""
+        decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
+        if decoder is None or decoder is policy:
+            raise TypeError(f"{type(policy).__name__} has no separate decoder to copy for a critic")
+        return cls(copy.deepcopy(decoder), policy.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor) -> torch.Tensor:
+        """``[N, T]`` values on the ``score_mask`` positions (column 0 excluded), 0 elsewhere."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        target = score_mask.bool().clone()
+        target[:, 0] = False
+        rows, cols = target.nonzero(as_tuple=True)
+        picked = self.head(hidden[rows, cols - 1]).squeeze(-1).float()
+        return torch.zeros(score_mask.shape, dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
+
+
+@dataclass
+class CriticConfig:
+    """Optimisation settings of the critic."""
+
+    lr: float = 1e-3  # Adam learning rate
+    value_clip: float | None = 0.2  # PPO value clipping around the old values (None = off)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64
+    epochs: int = 1  # passes over each batch
+
+
+class CriticLearner:
+    """Fits a ``Critic`` to value targets with the clipped value loss
+    ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)`` averaged over every
+    sampled token of the batch (global count, so micro-batching does not change it)."""
+
+    def __init__(self, critic: Critic, cfg: CriticConfig):
+        self.critic, self.cfg = critic, cfg
+        self.optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.lr)
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """``[N, T]`` values of ``batch`` (no gradient), on the batch's device."""
+        self.critic.eval()
+        device = next(self.critic.parameters()).device
+        out = torch.zeros_like(batch.loss_mask)
+        for micro in torch.arange(len(batch)).split(self.cfg.micro_batch_size):
+            mb = batch.rows(micro).to(device)
+            out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask).to(out.device) * batch.loss_mask[micro]
+        return out
+
+    def update(self, batch: TrainBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
+        """Fit the critic; returns ``value_loss``, ``value_clip_frac`` (means over sampled
+        tokens, last epoch), ``explained_variance`` of the returns by the old values."""
+        cfg = self.cfg
+        device = next(self.critic.parameters()).device
+        batch, returns, old_values = batch.to(device), returns.to(device), old_values.to(device)
+        self.critic.train()
+        total = batch.loss_mask.sum().clamp(min=1.0)
+        for _ in range(cfg.epochs):
+            loss_sum, clipped = 0.0, 0.0
+            for micro in torch.arange(len(batch), device=device).split(cfg.micro_batch_size):
+                mb = batch.rows(micro)
+                mask = mb.loss_mask
+                v = self.critic(mb.input_ids, mb.attention_mask, mask)
+                r, v_old = returns[micro], old_values[micro]
+                err = (v - r) ** 2
+                if cfg.value_clip is not None:
+                    v_clipped = v_old + (v - v_old).clamp(-cfg.value_clip, cfg.value_clip)
+                    err_clipped = (v_clipped - r) ** 2
+                    clipped += float(((err_clipped > err).float() * mask).sum())
+                    err = torch.maximum(err, err_clipped)
+                loss = 0.5 * (err * mask).sum() / total
+                loss.backward()
+                loss_sum += loss.item()
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        mask = batch.loss_mask.bool()
+        var = returns[mask].var() if mask.sum() > 1 else returns.new_tensor(0.0)
+        resid = (returns - old_values)[mask].var() if mask.sum() > 1 else returns.new_tensor(0.0)
+        explained = float(1.0 - resid / var) if float(var) > 0 else 0.0
+        return {"value_loss": loss_sum, "value_clip_frac": clipped / float(total), "explained_variance": explained,
+                "value_mean": float(old_values[mask].mean()) if mask.any() else 0.0}
