@@ -120,3 +120,24 @@ def test_critic_based_ppo_trains_the_critic_beside_the_policy(tmp_path, advantag
     # once a step had rewards to fit, the next step's values are no longer 0: the critic learned
     assert any(r["reward"] > 0 for r in rows[:-1])
     assert all(nxt["value_mean"] != 0.0 for prev, nxt in zip(rows, rows[1:]) if prev["reward"] > 0)
+
+
+def test_dpo_stage_then_rl_in_one_config(tmp_path):
+    from hydra import compose, initialize_config_module
+
+    from turnrl.conf.schema import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        composed = compose(config_name="config", overrides=[
+            "+experiment=dpo_then_grpo", "dpo.steps=3", "dpo.rollout_tasks=8", "trainer.steps=2",
+            "trainer.tasks_per_step=2", "trainer.group_size=2", "trainer.eval_every=2", "trainer.eval_episodes=8",
+            "agent.warmstart.steps=40", "agent.tokenizer.corpus_episodes=30", "trainer.progress=false",
+            "trainer.tensorboard=false", "trainer.threads=1", "trainer.save_checkpoint=false"])
+    cfg = OmegaConf.to_object(composed)
+    assert cfg.dpo.steps == 3 and cfg.algorithm.advantage == "grpo"
+    train(cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    dpo = [r for r in rows if r["kind"] == "dpo"]
+    assert len(dpo) == 3 and dpo[0]["pairs"] > 0 and all(math.isfinite(r["loss"]) for r in dpo)
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]

@@ -24,6 +24,7 @@ from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
 from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
+from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups
 from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
 from turnrl.algorithms.schedules import SCHEDULES
@@ -90,6 +91,10 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     policy = TransformersPolicy(model, tokenizer, seed=cfg.seed)
     collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
     eval_collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
+    # ---------------------------------------------------------------- preference stage (optional)
+    if cfg.dpo.steps > 0:
+        for i, metrics in enumerate(dpo_stage(cfg, model, renderer, collector), start=1):
+            logger.log(i, metrics, prefix="dpo")
     learner = Learner(model, LearnerConfig(
         lr=tcfg.lr, max_grad_norm=tcfg.max_grad_norm, ppo_epochs=acfg.ppo_epochs,
         num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
@@ -177,6 +182,27 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     logger.close()
     print(table, flush=True)
     return result
+
+
+def dpo_stage(cfg: Config, model, renderer: ChatRenderer, collector: RolloutCollector) -> list[dict]:
+    """DPO on ``cfg.dpo.pairs_path`` or on best-vs-worst pairs of the policy's own rollouts;
+    returns each step's metrics (the model is trained in place)."""
+    d = cfg.dpo
+    if d.pairs_path:
+        pairs = load_pairs(d.pairs_path, renderer)
+    else:
+        rng = np.random.default_rng(cfg.seed + 1)
+        tasks = [Task(seed=int(rng.integers(2**31)), split="train") for _ in range(d.rollout_tasks)]
+        params = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
+        pairs = pairs_from_groups(collector.collect(tasks, d.group_size, params))
+        if not pairs:
+            log.warning("DPO stage skipped: every rollout group had equal returns, so there are no pairs")
+            return []
+    log.info("DPO stage: %d steps on %d preference pairs", d.steps, len(pairs))
+    trainer = DPOTrainer(model, DPOConfig(beta=d.beta, lr=d.lr, batch_size=d.batch_size),
+                         renderer.tokenizer.pad_token_id)
+    history = trainer.train(pairs, d.steps, seed=cfg.seed, progress=cfg.trainer.progress)
+    return [{**m, "pairs": float(len(pairs))} for m in history]
 
 
 def _warn_once(metrics: dict, cfg: Config, warned: set[str]) -> None:

@@ -170,11 +170,31 @@ class TrainerConfig:
 
 
 @dataclass
+class DPOStageConfig:
+    # DPO steps after the supervised warm start and before RL (0 = no DPO stage)
+    steps: int = 0
+    # DPO's beta (strength of the pull toward the reference)
+    beta: float = 0.1
+    # Adam learning rate of the DPO stage
+    lr: float = 1e-4
+    # preference pairs per DPO step
+    batch_size: int = 8
+    # JSONL file of pairs ({prompt, chosen, rejected}); null builds pairs from rollouts of the
+    # warm-started policy: the best against the worst sample of each task's group
+    pairs_path: Optional[str] = None
+    # rollout-built pairs: train-split tasks and samples per task
+    rollout_tasks: int = 64
+    group_size: int = 4
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # optional preference (DPO) stage between the warm start and RL
+    dpo: DPOStageConfig = field(default_factory=DPOStageConfig)
     # seeds model init, warm start, task sampling and rollout sampling
     seed: int = 0
 

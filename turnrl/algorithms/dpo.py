@@ -1,0 +1,186 @@
+"""Direct preference optimisation (Rafailov et al., 2023) on whole multi-turn trajectories.
+
+A preference pair is two trajectories of the same task, ``chosen`` preferred to
+``rejected``. A trajectory's log-likelihood is the sum of its sampled tokens' logprobs:
+the env's observation tokens have the same probability under the policy and the
+reference, so they cancel in DPO's log-ratios and carry no loss. With
+``h = beta * ((log pi(c) - log ref(c)) - (log pi(r) - log ref(r)))`` the loss is
+``-log sigmoid(h)``, averaged over pairs.
+
+Pairs come from a JSONL file (``load_pairs``) or from rollout groups (``pairs_from_groups``:
+in each group, the best trajectory against the worst, ties skipped).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from turnrl.agents.renderer import ChatRenderer
+from turnrl.algorithms.batch import collate
+from turnrl.algorithms.scoring import token_logprobs
+from turnrl.rollout.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """``chosen`` is preferred to ``rejected``; both continue the same prompt."""
+
+    chosen: Trajectory
+    rejected: Trajectory
+
+
+def pairs_from_groups(trajectories: Sequence[Trajectory]) -> list[PreferencePair]:
+    """One pair per group of ``trajectories`` (by ``group_id``): the highest return as
+    chosen, the lowest as rejected (first one on ties); groups whose returns are all equal
+    give no pair."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    pairs = []
+    for members in groups.values():
+        best = max(members, key=lambda t: t.reward)
+        worst = min(members, key=lambda t: t.reward)
+        if best.reward > worst.reward:
+            pairs.append(PreferencePair(best, worst))
+    return pairs
+
+
+def render_continuation(renderer: ChatRenderer, prompt: list[dict], continuation: list[dict], task_id: str) -> Trajectory:
+    """Render ``prompt`` then ``continuation`` token-exactly; assistant messages are the
+    trainable (loss-masked) part, each ending with the end-of-turn token."""
+    conv = renderer.start(list(prompt))
+    eos = renderer.tokenizer.eos_token_id
+    pending: list[dict] = []
+    for i, message in enumerate(continuation):
+        if message.get("role") == "assistant":
+            if pending:
+                renderer.add_observation(conv, pending, add_generation_prompt=True)
+                pending = []
+            ids = renderer.encode(str(message.get("content", ""))) + [eos]
+            renderer.add_sampled(conv, ids, [0.0] * len(ids))
+        else:
+            pending.append(message)
+    renderer.add_observation(conv, pending, add_generation_prompt=False)
+    return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.turn_spans, [0.0] * len(conv.turn_spans),
+                      False, 0, task_id, "terminated", messages=conv.messages)
+
+
+def load_pairs(path: str | Path, renderer: ChatRenderer) -> list[PreferencePair]:
+    """Read preference pairs from a JSONL file, one object per line::
+
+        {"prompt": [{"role": "system", ...}, {"role": "user", ...}],
+         "chosen": "a reply" | [{"role": "assistant", ...}, {"role": "user", ...}, ...],
+         "rejected": ... same form ...}
+
+    A string is one assistant reply; a list is a multi-turn continuation.
+
+    Raises:
+        ValueError: naming the line and what is wrong with it.
+    """
+    pairs = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e})") from e
+        if not isinstance(row, dict) or not {"prompt", "chosen", "rejected"} <= set(row):
+            raise ValueError(f"{where}: needs an object with keys prompt, chosen and rejected")
+        prompt = row["prompt"]
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
+            raise ValueError(f"{where}: prompt must be a list of {{role, content}} messages")
+        sides = []
+        for side in ("chosen", "rejected"):
+            value = row[side]
+            messages = [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+            if (not isinstance(messages, list) or not messages
+                    or not all(isinstance(m, dict) and "role" in m for m in messages)
+                    or messages[0]["role"] != "assistant"):
+                raise ValueError(f"{where}: {side} must be a string or a list of {{role, content}} messages "
+                                 "that starts with the assistant's reply")
+            sides.append(render_continuation(renderer, prompt, messages, f"line{number}"))
+        pairs.append(PreferencePair(*sides))
+    if not pairs:
+        raise ValueError(f"{path}: no preference pairs found")
+    return pairs
+
+
+def sequence_logprobs(model, trajectories: Sequence[Trajectory], pad_id: int) -> torch.Tensor:
+    """``[N]`` sums of the sampled tokens' logprobs of each trajectory under ``model``."""
+    device = next(model.parameters()).device
+    batch = collate(list(trajectories), pad_id).to(device)
+    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    return (lp * batch.loss_mask).sum(dim=1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO loss over ``[P]`` sequence logprobs of P pairs.
+
+    Returns:
+        ``(loss, stats)``: the mean of ``-log sigmoid(h)``; ``accuracy`` (fraction with
+        ``h > 0``), ``margin`` (mean ``h / beta``), ``chosen_reward`` and ``rejected_reward``
+        (means of the implicit rewards ``beta * (log pi - log ref)``).
+    """
+    chosen = beta * (policy_chosen - ref_chosen)
+    rejected = beta * (policy_rejected - ref_rejected)
+    h = chosen - rejected
+    loss = -F.logsigmoid(h).mean()
+    stats = {"accuracy": float((h > 0).float().mean()), "margin": float(h.mean()) / beta,
+             "chosen_reward": float(chosen.mean()), "rejected_reward": float(rejected.mean())}
+    return loss, stats
+
+
+@dataclass
+class DPOConfig:
+    """Settings of the DPO trainer."""
+
+    beta: float = 0.1
+    lr: float = 1e-4
+    batch_size: int = 8  # pairs per optimizer step
+    max_grad_norm: float = 1.0
+
+
+class DPOTrainer:
+    """Trains ``model`` with DPO against a frozen copy of itself taken at construction."""
+
+    def __init__(self, model, cfg: DPOConfig, pad_id: int):
+        self.model, self.cfg, self.pad_id = model, cfg, pad_id
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+
+    def step(self, pairs: Sequence[PreferencePair]) -> dict[str, float]:
+        """One optimizer step on ``pairs``; returns the loss and ``dpo_loss``'s stats."""
+        if not pairs:
+            raise ValueError("DPO needs at least one preference pair")
+        trajs = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+        self.model.train()
+        lp = sequence_logprobs(self.model, trajs, self.pad_id)
+        with torch.no_grad():
+            ref = sequence_logprobs(self.ref_model, trajs, self.pad_id)
+        n = len(pairs)
+        loss, stats = dpo_loss(lp[:n], lp[n:], ref[:n], ref[n:], self.cfg.beta)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), **stats}
+
+    def train(self, pairs: Sequence[PreferencePair], steps: int, seed: int = 0, progress: bool = True) -> list[dict]:
+        """``steps`` steps on minibatches drawn from ``pairs``; returns each step's metrics."""
+        gen = torch.Generator().manual_seed(seed)
+        history = []
+        for _ in tqdm(range(steps), desc="DPO", disable=not progress, leave=False):
+            idx = torch.randperm(len(pairs), generator=gen)[: self.cfg.batch_size].tolist()
+            history.append(self.step([pairs[i] for i in idx]))
+        return history
