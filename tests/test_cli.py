@@ -1,8 +1,12 @@
 """The ``turnrl`` command line, run as ``python -m turnrl`` in a subprocess."""
 
+import re
+import signal
+import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from turnrl.cli import _kwarg
@@ -44,3 +48,47 @@ def test_list_envs():
                                             ("s=a=b", ("s", "a=b"))])
 def test_kwarg_values_are_json_else_str(text, expected):
     assert _kwarg(text) == expected
+
+
+# ----------------------------------------------------------------- serve-env
+def serve_env(*args):
+    """Start ``turnrl serve-env``; returns the process and the first stdout line."""
+    proc = subprocess.Popen([sys.executable, "-m", "turnrl", "serve-env", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_serve_env_prints_one_line_serves_and_exits_0_on_signal(stop_signal):
+    proc, line = serve_env("turnrl/GuessNumber-v0", "--kwarg", "n=16", "--session-ttl", "30", "--max-sessions", "4")
+    try:
+        match = re.fullmatch(r"serving turnrl/GuessNumber-v0 at (http://127\.0\.0\.1:(\d+))\n", line)
+        assert match, line + proc.stderr.read() if proc.poll() is not None else line
+        info = httpx.get(f"{match.group(1)}/info", timeout=10).json()
+        assert info["kwargs"] == {"n": 16} and info["session_ttl_s"] == 30 and info["max_sessions"] == 4
+        sid = httpx.post(f"{match.group(1)}/sessions", timeout=10).json()["session_id"]
+        obs = httpx.post(f"{match.group(1)}/sessions/{sid}/reset", json={"seed": 0}, timeout=10).json()["observation"]
+        assert "between 1 and 16" in obs[-1]["content"]
+        proc.send_signal(stop_signal)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == ""  # nothing after the one line
+
+
+def test_serve_env_usage_errors_exit_2():
+    proc, _ = serve_env("turnrl/Nope-v0")
+    assert proc.wait(timeout=60) == 2 and "unknown env id 'turnrl/Nope-v0'" in proc.stderr.read()
+    proc, _ = serve_env("turnrl/GuessNumber-v0", "--kwarg", "n=2")
+    assert proc.wait(timeout=60) == 2 and "n must be an int >= 4" in proc.stderr.read()
+    result = turnrl("serve-env", "turnrl/GuessNumber-v0", "--port", "70000")
+    assert result.returncode == 2 and "expected a port in 0..65535" in result.stderr
+
+
+def test_serve_env_on_a_taken_port_exits_1():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = turnrl("serve-env", "turnrl/GuessNumber-v0", "--port", str(taken.getsockname()[1]))
+    assert result.returncode == 1 and "cannot listen on 127.0.0.1:" in result.stderr and result.stdout == ""

@@ -141,3 +141,18 @@ def test_dpo_stage_then_rl_in_one_config(tmp_path):
     dpo = [r for r in rows if r["kind"] == "dpo"]
     assert len(dpo) == 3 and dpo[0]["pairs"] > 0 and all(math.isfinite(r["loss"]) for r in dpo)
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+
+
+def test_rlhf_path_rewards_rl_with_a_learned_reward_model_and_logs_the_gap(tmp_path):
+    cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=2, tasks_per_step=2,
+                                       group_size=2))
+    cfg.agent.warmstart.steps = 20
+    cfg.reward_model.update(dict(steps=20, scripted_episodes=64, batch_size=16))
+    train(OmegaConf.to_object(cfg), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (report,) = [r for r in rows if r["kind"] == "reward_model"]
+    assert report["pairs"] > 5 and 0.0 <= report["heldout_ece"] <= 1.0 and 0.0 <= report["heldout_accuracy"] <= 1.0
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert len(train_rows) == 2
+    for r in train_rows:  # the RL reward is the proxy; the verifier's is logged beside it
+        assert r["proxy_verifier_gap"] == pytest.approx(r["reward"] - r["verifier_reward"])

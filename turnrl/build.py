@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 
@@ -16,19 +17,77 @@ from turnrl.conf.schema import Config
 
 
 def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
-    """A function making one env of ``cfg.env`` with the agent's tool-call parser."""
-    env_id = cfg.env.id
-    if env_id not in gymnasium.registry:
-        known = sorted(k for k in gymnasium.registry if k.startswith("turnrl/"))
-        raise ValueError(f"env.id={env_id!r} is not registered; registered turnrl envs: {known}")
-    kwargs = dict(cfg.env.kwargs)
-    kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+    """A zero-argument function making one env of ``cfg.env``; one env is made (and closed) now
+    so that a bad id, URL, class path or kwargs fails at start with the env's own message.
 
-    def make() -> gymnasium.Env:
-        return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+    ``cfg.env`` picks the kind: ``url`` set -> ``RemoteEnv(url, id, **kwargs)`` (a ``turnrl
+    serve-env`` server); ``_target_`` set -> the class at that dotted path, ``cls(**kwargs)``;
+    else ``gymnasium.make(id, **kwargs)`` of a registered id. The agent's ``tool_parser`` is added
+    to the kwargs unless they set it (for a ``_target_`` class only when its constructor takes a
+    ``tool_parser`` or ``**kwargs``).
 
-    make()  # fail now, with the env's own message, on bad kwargs
+    Raises:
+        ValueError: When both ``url`` and ``_target_`` are set, the id is not registered, the
+            class path cannot be imported or is not a ``gymnasium.Env`` subclass, or the env
+            rejects the kwargs.
+    """
+    env_cfg = cfg.env
+    kwargs = dict(env_cfg.kwargs)
+    if env_cfg.url and env_cfg._target_:
+        raise ValueError(f"env.url={env_cfg.url!r} and env._target_={env_cfg._target_!r} are both set; "
+                         "set one: url for a served env, _target_ for a local env class")
+    if env_cfg.url:
+        from turnrl.envs.remote import RemoteEnv
+
+        if not env_cfg.url.startswith(("http://", "https://")):
+            raise ValueError(f"env.url must be the http(s) URL of a `turnrl serve-env` server, e.g. "
+                             f"env.url=http://127.0.0.1:8000; got {env_cfg.url!r}")
+
+        url, env_id = env_cfg.url, env_cfg.id
+        kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+
+        def make() -> gymnasium.Env:
+            return RemoteEnv(url, env_id, **kwargs)
+    elif env_cfg._target_:
+        cls = _env_class(env_cfg._target_)
+        params = inspect.signature(cls).parameters.values()
+        if any(p.name == "tool_parser" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+
+        def make() -> gymnasium.Env:
+            return cls(**kwargs)
+    else:
+        env_id = env_cfg.id
+        if env_id not in gymnasium.registry:
+            known = sorted(k for k in gymnasium.registry if k.startswith("turnrl/"))
+            raise ValueError(f"env.id={env_id!r} is not registered; registered turnrl envs: {known}")
+        kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+
+        def make() -> gymnasium.Env:
+            return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+
+    probe = make()  # fail now, with the env's own message, on bad kwargs
+    getattr(probe.unwrapped, "max_turns", None)  # a RemoteEnv opens its session: the server checks kwargs
+    probe.close()
     return make
+
+
+def _env_class(path: str) -> type[gymnasium.Env]:
+    """The ``gymnasium.Env`` subclass at the dotted path ``package.module.ClassName``."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr or not path.replace(".", "").replace("_", "").isalnum():
+        raise ValueError(f"env._target_={path!r} must be a dotted path package.module.ClassName")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ValueError(f"env._target_={path!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+                         "put its folder on PYTHONPATH or install its package") from e
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"env._target_={path!r}: module {module_name!r} has no attribute {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, gymnasium.Env)):
+        raise ValueError(f"env._target_={path!r} is {cls!r}, not a gymnasium.Env subclass; point it at an env class")
+    return cls
 
 
 def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):

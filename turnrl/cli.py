@@ -1,16 +1,20 @@
-"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs`` and ``baselines``.
+"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines`` and
+``serve-env <env-id>``.
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
-Exit codes: 0 success (every check passed), 1 a check failed, 2 a usage error (bad
-arguments or an unknown env id).
+Exit codes: 0 success (every check passed; ``serve-env`` stopped by SIGINT/SIGTERM), 1 a
+check failed (or ``serve-env`` could not bind its address), 2 a usage error (bad arguments,
+an unknown env id, or kwargs the env rejects).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +69,22 @@ def _parser() -> argparse.ArgumentParser:
     baselines.add_argument("--episodes", type=_positive_int, default=200, help="episodes per player (default 200)")
     baselines.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
     baselines.set_defaults(run=_baselines)
+
+    serve = commands.add_parser(
+        "serve-env", help="serve an env over HTTP for RemoteEnv / env.url",
+        description="Serve a registered env over HTTP (turnrl.envs.server), one env per session. Prints "
+                    "'serving ENV_ID at http://HOST:PORT' once listening; stops cleanly on SIGINT/SIGTERM.",
+    )
+    serve.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs)")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0: all)")
+    serve.add_argument("--port", type=_port, default=0, help="TCP port (default 0: a free port, printed)")
+    serve.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
+                       help="env constructor kwarg, repeatable, parsed as for check-env")
+    serve.add_argument("--session-ttl", type=_positive_float, default=600.0, metavar="SECONDS",
+                       help="close sessions idle this long (default 600)")
+    serve.add_argument("--max-sessions", type=_positive_int, default=1024,
+                       help="most sessions open at once (default 1024)")
+    serve.set_defaults(run=_serve_env)
     return parser
 
 
@@ -96,6 +116,32 @@ def _baselines(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve_env(args: argparse.Namespace) -> int:
+    from turnrl.envs.server import EnvServer
+
+    try:
+        server = EnvServer(args.env_id, dict(args.kwarg), host=args.host, port=args.port,
+                           session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
+    except ValueError as e:
+        print(f"turnrl serve-env: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+    except OSError as e:
+        print(f"turnrl serve-env: error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        print(f"serving {args.env_id} at {server.url}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
 def _kwarg(text: str) -> tuple[str, Any]:
     """``key=value`` -> ``(key, value)``, the value parsed as JSON when possible."""
     key, sep, value = text.partition("=")
@@ -114,4 +160,24 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535 (0: any free port), got {text!r}")
     return value

@@ -24,12 +24,14 @@ from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
 from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
-from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups
+from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
+from turnrl.algorithms.reward_model import RewardModel, RewardModelConfig, RewardModelTrainer, calibration
 from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.build import advantage_fn, build_agent, env_factory
 from turnrl.conf.schema import Config
+from turnrl.envs.reward_model import RewardModelReward
 from turnrl.evaluate import evaluate, heldout_tasks
 from turnrl.logger import RunLogger
 from turnrl.report import after_value, before_after_table, plot_curves
@@ -89,8 +91,13 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(ws_losses), ws_losses[0], ws_losses[-1])
 
     policy = TransformersPolicy(model, tokenizer, seed=cfg.seed)
-    collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
-    eval_collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens)
+    train_env_fn = env_fn
+    if cfg.reward_model.steps > 0:  # RL is rewarded by a learned model; evaluation keeps the verifier
+        reward_model, report = reward_model_stage(cfg, model, renderer, env_fn)
+        logger.log(0, report, prefix="reward_model")
+        train_env_fn = partial(_rm_env, env_fn, reward_model, renderer)
+    collector = RolloutCollector(train_env_fn, policy, renderer, cfg.agent.max_context_tokens, tcfg.env_workers)
+    eval_collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens, tcfg.env_workers)
     # ---------------------------------------------------------------- preference stage (optional)
     if cfg.dpo.steps > 0:
         for i, metrics in enumerate(dpo_stage(cfg, model, renderer, collector), start=1):
@@ -182,6 +189,36 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     logger.close()
     print(table, flush=True)
     return result
+
+
+def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Callable) -> tuple[RewardModel, dict]:
+    """Train a Bradley-Terry reward model on a copy of the policy's backbone; returns it and
+    its training and held-out calibration figures (``heldout_accuracy``, ``heldout_ece``)."""
+    r = cfg.reward_model
+    if r.pairs_path:
+        pairs = load_pairs(r.pairs_path, renderer)
+    else:
+        pairs = pairs_from_players(env_fn(), renderer, r.scripted_episodes, seed=cfg.seed)
+    if len(pairs) < 2:
+        raise ValueError(f"the reward model needs at least 2 preference pairs, got {len(pairs)}; "
+                         "raise reward_model.scripted_episodes or give reward_model.pairs_path")
+    held = max(1, int(len(pairs) * r.heldout_fraction))
+    order = np.random.default_rng(cfg.seed).permutation(len(pairs))
+    train_pairs, heldout = [pairs[i] for i in order[held:]], [pairs[i] for i in order[:held]]
+    rm = RewardModel.from_policy(model, renderer.tokenizer.pad_token_id)
+    history = RewardModelTrainer(rm, RewardModelConfig(lr=r.lr, batch_size=r.batch_size)).train(
+        train_pairs, r.steps, seed=cfg.seed, progress=cfg.trainer.progress)
+    rm.eval().requires_grad_(False)
+    stats = calibration(rm, heldout)
+    report = {"train_loss": history[-1]["loss"], "train_accuracy": history[-1]["accuracy"],
+              "heldout_accuracy": stats["accuracy"], "heldout_ece": stats["ece"], "heldout_margin": stats["margin"],
+              "pairs": float(len(pairs))}
+    log.info("reward model: held-out accuracy %.2f, ECE %.3f on %d pairs", stats["accuracy"], stats["ece"], held)
+    return rm, report
+
+
+def _rm_env(env_fn: Callable, reward_model: RewardModel, renderer: ChatRenderer):
+    return RewardModelReward(env_fn(), reward_model, renderer)
 
 
 def dpo_stage(cfg: Config, model, renderer: ChatRenderer, collector: RolloutCollector) -> list[dict]:

@@ -138,3 +138,120 @@ def test_one_op_variant_and_small_operands():
     assert 2 <= int(a) <= 9 and 2 <= int(b) <= 9
     with pytest.raises(ValueError, match="num_ops"):
         CalcMathEnv(num_ops=3)
+
+
+# ------------------------------------------------------------ word problems
+import math  # noqa: E402
+import re  # noqa: E402
+
+from turnrl.envs.baselines import play_episode  # noqa: E402
+from turnrl.envs.calc_math import STORIES, Term, word_problem  # noqa: E402
+
+STORY = {s.name: s for s in STORIES}
+LOSS_WORDS = ("sells", "gives away", "loses", "taken out", "falls", "back toward", "younger")
+
+
+def read_story(text):
+    """An independent reader of the stories: numbers in one sentence multiply; a sentence is a
+    loss when it says so; "times as old" multiplies the running total."""
+    total = None
+    for sentence in re.split(r"(?<=[.?])\s+", text):
+        numbers = [int(x) for x in re.findall(r"\d+", sentence)]
+        if not numbers:
+            continue
+        if "times as old" in sentence:
+            total *= numbers[0]
+        elif total is None:
+            total = math.prod(numbers)
+        elif any(w in sentence for w in LOSS_WORDS):
+            total -= math.prod(numbers)
+        else:
+            total += math.prod(numbers)
+    return total
+
+
+def test_terms_follow_standard_precedence():
+    assert Problem((37, 24, 5), ("-", "*")).terms() == (Term("+", (37,)), Term("-", (24, 5)))
+    assert Problem((37, 24, 5), ("*", "+")).terms() == (Term("+", (37, 24)), Term("+", (5,)))
+    assert Problem((37, 24, 5), ("-", "-")).terms() == (Term("+", (37,)), Term("-", (24,)), Term("-", (5,)))
+    assert Problem((3, 4, 5), ("*", "*")).terms() == (Term("+", (3, 4, 5)),)
+    for ops in [(a, b) for a in "+-*" for b in "+-*"]:
+        problem = Problem((37, 24, 5), ops)
+        assert sum(t.value for t in problem.terms()) == problem.answer
+
+
+def test_stories_by_hand():
+    p = Problem((37, 24, 5), ("*", "-"))
+    assert STORY["shop"].render(p.terms()) == (
+        "A shop has 37 boxes with 24 pens each. It sells 5 pens. How many pens does the shop have now?")
+    p = Problem((37, 24, 5), ("+", "*"))
+    assert STORY["distance"].render(p.terms()) == (
+        "A truck leaves its depot and drives 37 km along a straight road. Then it drives 24 hours at 5 km "
+        "per hour further along the road. How many km from the depot is the truck now?")
+    p = Problem((7, 9, 5), ("*", "-"))
+    assert STORY["ages"].render(p.terms()) == (
+        "Ana is 7 years old. Ben is 9 times as old as Ana. Cleo is 5 years younger than Ben. How old is Cleo?")
+    p = Problem((5, 37), ("-",))
+    assert STORY["shop"].render(p.terms()) is None  # a shop cannot sell more pens than it has
+    assert STORY["ages"].render(p.terms()) is None
+    assert STORY["account"].render(p.terms()) == (
+        "An account receives 5 dollars. Then 37 dollars are taken out. "
+        "What is the balance of the account now (negative if overdrawn)?")
+    assert STORY["temperature"].render(Problem((5, 3), ("*",)).terms()) is None  # no groups of degrees
+    assert STORY["ages"].render(Problem((5, 3, 2), ("+", "*")).terms()) is None  # would read as (5 + 3) * 2
+    assert STORY["ages"].render(Problem((60, 3), ("*",)).terms()) is None  # 180 years old
+
+
+@pytest.mark.parametrize("num_ops", [1, 2])
+def test_word_problems_keep_the_problem_and_precedence(num_ops):
+    expression, word = CalcMathEnv(num_ops=num_ops), CalcMathEnv(num_ops=num_ops, style="word")
+    used = set()
+    for split in ("train", "test"):
+        for seed in range(400):
+            obs_e, info_e = expression.reset(seed=seed, options={"split": split})
+            obs_w, info_w = word.reset(seed=seed, options={"split": split})
+            problem, text = word.task, obs_w[1]["content"]
+            assert problem == expression.task and info_w == info_e
+            assert text == word_problem(problem) and not text.startswith("Compute")
+            assert [int(x) for x in re.findall(r"\d+", text)] == list(problem.operands)
+            assert read_story(text) == problem.answer, text
+            used.update(s.name for s in STORIES if s.render(problem.terms()) == text)
+    assert used == set(STORY)  # every story is used
+
+
+def test_word_style_episode_is_the_expression_episode():
+    word, expression = CalcMathEnv(style="word"), CalcMathEnv()
+    for seed in range(50):
+        obs_w, _ = word.reset(seed=seed, options={"split": "test"})
+        expression.reset(seed=seed, options={"split": "test"})
+        assert obs_w[0]["content"].startswith("You solve arithmetic word problems with the calculator tool.\n")
+        while not word.done:
+            action = word.expert_action()
+            assert action == expression.expert_action()
+            assert word.step(action) == expression.step(action)  # same observations, rewards and infos
+        assert word.max_turns == 5 and expression.done
+    for seed in range(100):
+        assert play_episode(word, seed, "expert", "train")[0]
+    with pytest.raises(ValueError, match="style must be one of"):
+        CalcMathEnv(style="story")
+
+
+def test_default_style_is_unchanged():
+    env, obs, info = fresh(seed=1)
+    assert env.style == "expression" and obs[1]["content"] == f"Compute {info['task_id']}."
+    assert obs[0]["content"].startswith("You solve arithmetic with the calculator tool.\n")
+
+
+def test_calc_word_hydra_group_builds_the_word_style_env():
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from turnrl.build import env_factory
+    from turnrl.conf.schema import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=calc_word"]))
+    env = env_factory(cfg)()
+    obs, _ = env.reset(seed=0)
+    assert env.unwrapped.style == "word" and obs[1]["content"] == word_problem(env.unwrapped.task)

@@ -8,6 +8,7 @@ from gymnasium.utils.env_checker import check_env
 import turnrl.envs
 from turnrl.envs import registered_env_ids
 from turnrl.envs.base import MultiTurnEnv
+from turnrl.envs.mixture import MixtureEnv
 
 
 def test_ids_listed():
@@ -27,7 +28,7 @@ def test_check_env_and_make_without_warnings(env_id):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         env = gymnasium.make(env_id, max_turns=3)
-        assert isinstance(env.unwrapped, MultiTurnEnv) and env.unwrapped.max_turns == 3
+        assert isinstance(env.unwrapped, (MultiTurnEnv, MixtureEnv)) and env.unwrapped.max_turns == 3
         check_env(env.unwrapped)
         obs, info = env.reset(seed=0)
         assert obs in env.observation_space

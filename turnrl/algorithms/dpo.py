@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -50,6 +51,21 @@ def pairs_from_groups(trajectories: Sequence[Trajectory]) -> list[PreferencePair
         worst = min(members, key=lambda t: t.reward)
         if best.reward > worst.reward:
             pairs.append(PreferencePair(best, worst))
+    return pairs
+
+
+def pairs_from_players(env, renderer: ChatRenderer, episodes: int, seed: int = 0) -> list[PreferencePair]:
+    """Pairs from an env's scripted players, labelled by the env's verifier: for reset seeds
+    ``seed .. seed + episodes - 1`` of the train split, the expert's episode against the weak
+    player's whenever the expert's return is higher."""
+    from turnrl.agents.scripted import scripted_episode  # agents import algorithms: import late
+
+    pairs = []
+    for s in range(seed, seed + episodes):
+        good = scripted_episode(env, s, renderer, "expert")
+        bad = scripted_episode(env, s, renderer, "weak", rng=np.random.default_rng(s))
+        if good.reward > bad.reward:
+            pairs.append(PreferencePair(good, bad))
     return pairs
 
 

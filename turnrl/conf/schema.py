@@ -157,6 +157,9 @@ class TrainerConfig:
     eval_every: int = 25
     # held-out (test-split) episodes per evaluation, greedy decoding
     eval_episodes: int = 256
+    # threads that step a turn's envs concurrently, so slow tools of many episodes overlap
+    # (1 = one after another; trajectories do not depend on it)
+    env_workers: int = 16
     # torch device
     device: str = "cpu"
     # torch CPU threads (0 = torch's default)
@@ -188,6 +191,24 @@ class DPOStageConfig:
 
 
 @dataclass
+class RewardModelStageConfig:
+    # Bradley-Terry reward-model steps before RL; > 0 trains one and RL is rewarded by it
+    # instead of the env's verifier (which stays the held-out metric and the logged gap)
+    steps: int = 0
+    # Adam learning rate of the reward model
+    lr: float = 1e-3
+    # preference pairs per step
+    batch_size: int = 16
+    # JSONL file of pairs ({prompt, chosen, rejected}); null: expert vs weak scripted episodes
+    # of the train split, labelled by the env's verifier
+    pairs_path: Optional[str] = None
+    # scripted episodes tried for pairs when pairs_path is null
+    scripted_episodes: int = 512
+    # fraction of the pairs held out for the calibration report (accuracy, ECE)
+    heldout_fraction: float = 0.2
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -195,6 +216,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # optional preference (DPO) stage between the warm start and RL
     dpo: DPOStageConfig = field(default_factory=DPOStageConfig)
+    # optional learned reward model (the RLHF path)
+    reward_model: RewardModelStageConfig = field(default_factory=RewardModelStageConfig)
     # seeds model init, warm start, task sampling and rollout sampling
     seed: int = 0
 

@@ -1,22 +1,49 @@
 """Multi-turn chat environments; importing this package registers them with gymnasium.
 
-Ids: ``turnrl/GuessNumber-v0`` and ``turnrl/CalcMath-v0`` (see ``registered_env_ids``).
+Built-in ids (``registered_env_ids()``; ``python -m turnrl list-envs``):
+
+* ``turnrl/GuessNumber-v0``, ``turnrl/Mastermind-v0``, ``turnrl/Wordle-v0``: feedback games;
+* ``turnrl/CalcMath-v0``: arithmetic (expressions or word problems) with a calculator tool;
+* ``turnrl/PythonCoding-v0``: write a function, run it in the sandbox, hidden tests decide;
+* ``turnrl/RetrievalQA-v0``: multi-hop questions over a generated corpus (BM25 search + open);
+* ``turnrl/FrozenLake-v0``, ``turnrl/Sokoban-v0``: grid puzzles as text;
+* ``turnrl/Household-v0``: ALFWorld-style long-horizon household tasks;
+* ``turnrl/Mixture-v0``: tasks from several envs, routed per episode;
+* ``turnrl/ReasoningGym-v0``, ``turnrl/Taxi-v0``: adapters (reasoning-gym, gymnasium toy text).
+
+Remote envs (``turnrl serve-env`` + ``RemoteEnv``) and the adapters are in their modules.
 """
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.calc_math import CalcMathEnv
 from turnrl.envs.check import check
+from turnrl.envs.frozen_lake import FrozenLakeEnv
 from turnrl.envs.guess_number import GuessNumberEnv
+from turnrl.envs.household import HouseholdEnv
+from turnrl.envs.mastermind import MastermindEnv
+from turnrl.envs.mixture import MixtureEnv
+from turnrl.envs.python_coding import PythonCodingEnv
 from turnrl.envs.registration import register_envs, registered_env_ids
+from turnrl.envs.retrieval_qa import RetrievalQAEnv
+from turnrl.envs.sokoban import SokobanEnv
+from turnrl.envs.wordle import WordleEnv
 
 register_envs()
 
 __all__ = [
     "CalcMathEnv",
+    "FrozenLakeEnv",
     "GuessNumberEnv",
+    "HouseholdEnv",
+    "MastermindEnv",
     "Message",
+    "MixtureEnv",
     "MultiTurnEnv",
+    "PythonCodingEnv",
+    "RetrievalQAEnv",
+    "SokobanEnv",
     "TurnOutcome",
+    "WordleEnv",
     "check",
     "register_envs",
     "registered_env_ids",

@@ -22,12 +22,23 @@ Info keys, always: ``task_id`` (str), ``state_key`` (Hashable), ``turn`` (turns
 taken so far), ``split``. After ``step`` also: ``success`` (bool, final when the
 episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
 (bool), ``tool_calls`` (int), ``tool_errors`` (int).
+
+Tool execution: each tool runs on an executor (``turnrl.tools.executors``): the tool's own
+``Tool.executor`` kind unless the ``executors`` kwarg overrides it, built with
+``executor_options[kind]`` and shared process-wide (``get_executor``). All calls of one turn
+run concurrently on the shared background event loop; ``step`` blocks until they finish.
+Every episode is an executor *session* (a sandbox working dir, a container...), closed by the
+next ``reset`` and by ``close``. ``areset``/``astep`` are the awaitable forms for callers on
+their own event loop (they run ``reset``/``step`` in a worker thread).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import uuid
 from abc import abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -35,7 +46,8 @@ import gymnasium
 import numpy as np
 
 from turnrl.envs.messages import Message, action_space, observation_space, to_observation
-from turnrl.tools import ParseResult, Tool, ToolResult, execute_call, get_parser, tool_map
+from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, check_call, get_parser, tool_map
+from turnrl.tools.executors import EXECUTORS, Executor, get_executor, run_sync
 
 __all__ = ["Message", "MultiTurnEnv", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
 
@@ -74,13 +86,21 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
     Args:
         tool_parser: Name of a registered tool-call parser (``turnrl.tools.PARSERS``).
         max_turns: Assistant turns before truncation; None means ``default_max_turns``.
+        executors: Tool name -> executor kind, overriding ``Tool.executor`` for that tool.
+        executor_options: Executor kind -> keyword options for ``get_executor`` (e.g.
+            ``{"sandbox": {"limits": {"cpu_s": 2}}}``).
+
+    Raises:
+        ValueError: On an unknown tool name or executor kind (the message lists the valid ones).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     tools: tuple[Tool, ...] = ()
     default_max_turns: ClassVar[int] = 4
 
-    def __init__(self, *, tool_parser: str = "hermes", max_turns: int | None = None) -> None:
+    def __init__(self, *, tool_parser: str = "hermes", max_turns: int | None = None,
+                 executors: Mapping[str, str] | None = None,
+                 executor_options: Mapping[str, Mapping] | None = None) -> None:
         max_turns = self.default_max_turns if max_turns is None else max_turns
         if not isinstance(max_turns, (int, np.integer)) or isinstance(max_turns, bool) or max_turns < 1:
             raise ValueError(f"max_turns must be a positive int, got {max_turns!r}")
@@ -88,6 +108,10 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         self.tool_parser = tool_parser
         self._parse = get_parser(tool_parser)
         self._tools_by_name = tool_map(self.tools)
+        self._executors = self._resolve_executors(executors, executor_options)
+        self._session_prefix = f"{type(self).__name__}-{uuid.uuid4().hex[:12]}"
+        self._episodes = itertools.count()
+        self._session: str | None = None
         self.observation_space = observation_space()
         self.action_space = action_space()
         self._task: Any = None
@@ -156,6 +180,8 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         if split not in SPLITS:
             raise ValueError(f"options['split'] must be one of {SPLITS}, got {split!r}")
         self._split = split
+        self._close_session()
+        self._session = f"{self._session_prefix}-{next(self._episodes)}"
         self._task = self._new_task(self.np_random, split)
         self._turn, self._done, self._success = 0, False, False
         return to_observation(self._start_episode(self._task)), self._info()
@@ -166,7 +192,7 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         if not isinstance(action, str):
             raise TypeError(f"action must be the assistant turn as str, got {type(action).__name__}")
         parse = self._parse(action)
-        results = tuple(execute_call(call, self._tools_by_name) for call in parse.calls)
+        results = self._execute(parse.calls)
         outcome = self._on_turn(action, parse, results)
         self._turn += 1
         self._success = self._success or outcome.success
@@ -182,6 +208,69 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
             tool_errors=sum(not r.ok for r in results),
         )
         return to_observation(messages), float(outcome.reward), terminated, truncated, info
+
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[tuple, dict]:
+        """``reset`` for a caller on its own event loop (runs in a worker thread)."""
+        return await asyncio.to_thread(self.reset, seed=seed, options=options)
+
+    async def astep(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
+        """``step`` for a caller on its own event loop: its tool calls overlap with other awaits."""
+        return await asyncio.to_thread(self.step, action)
+
+    def close(self) -> None:
+        """End the current executor session (free its sandbox dir / container)."""
+        self._close_session()
+        super().close()
+
+    @property
+    def session(self) -> str | None:
+        """The executor session id of the current episode (None before the first reset)."""
+        return self._session
+
+    def executor_for(self, tool_name: str) -> Executor:
+        """The executor that runs ``tool_name`` in this env."""
+        if tool_name not in self._executors:
+            raise ValueError(f"{type(self).__name__} has no tool {tool_name!r}; its tools: {sorted(self._executors)}")
+        return self._executors[tool_name]
+
+    # ------------------------------------------------------------- tool calls
+    def _resolve_executors(self, executors: Mapping[str, str] | None,
+                           options: Mapping[str, Mapping] | None) -> dict[str, Executor]:
+        executors, options = dict(executors or {}), dict(options or {})
+        unknown_tools = sorted(set(executors) - set(self._tools_by_name))
+        if unknown_tools:
+            raise ValueError(f"executors names unknown tools {unknown_tools}; "
+                             f"this env's tools: {sorted(self._tools_by_name)}")
+        kinds = {name: executors.get(name, t.executor) for name, t in self._tools_by_name.items()}
+        unknown_kinds = sorted({k for k in [*kinds.values(), *options] if k not in EXECUTORS})
+        if unknown_kinds:
+            raise ValueError(f"unknown executor kind(s) {unknown_kinds}; valid executors: {EXECUTORS.names()}")
+        for kind, opts in options.items():
+            if not isinstance(opts, Mapping):
+                raise ValueError(f"executor_options[{kind!r}] must be a mapping of options, got {type(opts).__name__}")
+        return {name: get_executor(kind, **dict(options.get(kind, {}))) for name, kind in kinds.items()}
+
+    def _execute(self, calls: tuple[ToolCall, ...]) -> tuple[ToolResult, ...]:
+        """Validate every call, then run the valid ones concurrently on their executors."""
+        if not calls:
+            return ()
+        checked = [check_call(call, self._tools_by_name) for call in calls]
+        pending = [(i, c, call) for i, (c, call) in enumerate(zip(checked, calls)) if isinstance(c, Tool)]
+        if pending:
+            session = self._session or f"{self._session_prefix}-none"
+
+            async def run_all() -> list[ToolResult]:
+                return await asyncio.gather(*(self._executors[t.name].arun(t, call, session) for _, t, call in pending))
+
+            for (i, _, _), result in zip(pending, run_sync(run_all())):
+                checked[i] = result
+        return tuple(checked)  # type: ignore[arg-type]
+
+    def _close_session(self) -> None:
+        if getattr(self, "_session", None) is not None:
+            for executor in {id(e): e for e in self._executors.values()}.values():
+                executor.close_session(self._session)
+            self._session = None
 
     def _info(self, **extra: Any) -> dict:
         return {

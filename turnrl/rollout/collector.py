@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import gymnasium
@@ -38,6 +39,7 @@ class _Episode:
     length_truncated_turns: int = 0
     termination: str | None = None
     error: str | None = None
+    verifier_reward: float | None = None
 
 
 class RolloutCollector:
@@ -54,9 +56,16 @@ class RolloutCollector:
         renderer: the chat renderer of the policy's tokenizer.
         max_context_tokens: an episode whose conversation would exceed this many tokens
             after its next turn ends with ``termination="context_length"``.
+        env_workers: threads that step the live episodes' envs of a turn concurrently, so
+            slow tools of many episodes overlap (1 = one after another). Results are applied
+            in row order, so the trajectories do not depend on it.
     """
 
-    def __init__(self, env_fn: Callable[[], gymnasium.Env], policy, renderer: ChatRenderer, max_context_tokens: int = 1024):
+    def __init__(self, env_fn: Callable[[], gymnasium.Env], policy, renderer: ChatRenderer,
+                 max_context_tokens: int = 1024, env_workers: int = 16):
+        if isinstance(env_workers, bool) or not isinstance(env_workers, int) or env_workers < 1:
+            raise ValueError(f"env_workers must be a positive int (1 = sequential), got {env_workers!r}")
+        self.env_workers = env_workers
         self.env_fn = env_fn
         self.policy = policy
         self.renderer = renderer
@@ -93,29 +102,33 @@ class RolloutCollector:
                 episodes.append(_Episode(env, conv, group_id, str(info.get("task_id", task.seed)),
                                          state_keys=[info.get("state_key")]))
         live = [ep for ep in episodes if ep.termination is None]
-        while live:
-            generations = self.policy.generate([ep.conv.token_ids for ep in live], params)
-            still_live = []
-            for ep, gen in zip(live, generations):
-                content = self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs)
-                ep.length_truncated_turns += gen.finish_reason == "length"
-                if self._step(ep, content, params):
-                    still_live.append(ep)
-            live = still_live
+        workers = min(self.env_workers, len(live))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="turnrl-env") if workers > 1 else _Inline()
+        with pool:
+            while live:
+                generations = self.policy.generate([ep.conv.token_ids for ep in live], params)
+                contents = []
+                for ep, gen in zip(live, generations):
+                    contents.append(self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs))
+                    ep.length_truncated_turns += gen.finish_reason == "length"
+                stepped = list(pool.map(_env_step, [ep.env for ep in live], contents))
+                live = [ep for ep, outcome in zip(live, stepped) if self._apply(ep, outcome, params)]
         return [self._to_trajectory(ep) for ep in episodes]
 
-    def _step(self, ep: _Episode, content: str, params: SamplingParams) -> bool:
-        """Step one episode's env with the sampled text; return whether it goes on."""
-        try:
-            obs, reward, terminated, truncated, info = ep.env.step(content)
-        except Exception as exc:  # a failing env or tool ends this episode, not the run
+    def _apply(self, ep: _Episode, outcome: tuple | BaseException, params: SamplingParams) -> bool:
+        """Record one episode's step result (or the exception it raised); return whether it goes on."""
+        if isinstance(outcome, BaseException):  # a failing env or tool ends this episode, not the run
+            exc = outcome
             log.warning("env raised during step of task %s: %r", ep.task_id, exc)
             ep.turn_rewards.append(0.0)
             ep.termination, ep.error = "env_error", repr(exc)
             self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
             return False
+        obs, reward, terminated, truncated, info = outcome
         ep.turn_rewards.append(float(reward))
         ep.success = bool(info.get("success", False))
+        if "verifier_reward" in info:  # rewarded by a learned model (envs.reward_model)
+            ep.verifier_reward = float(info["verifier_reward"])
         ep.tool_calls += int(info.get("tool_calls", 0))
         ep.tool_errors += int(info.get("tool_errors", 0))
         ep.parse_errors += int(bool(info.get("parse_error", False)))
@@ -139,5 +152,27 @@ class RolloutCollector:
             group_id=ep.group_id, task_id=ep.task_id, termination=ep.termination,
             messages=c.messages, state_keys=ep.state_keys[: len(c.turn_spans)],
             tool_calls=ep.tool_calls, tool_errors=ep.tool_errors, parse_errors=ep.parse_errors,
-            length_truncated_turns=ep.length_truncated_turns, error=ep.error,
+            length_truncated_turns=ep.length_truncated_turns, error=ep.error, verifier_reward=ep.verifier_reward,
         )
+
+
+def _env_step(env: gymnasium.Env, content: str) -> tuple | Exception:
+    """``env.step(content)``, or the exception it raised (run in a worker thread)."""
+    try:
+        return env.step(content)
+    except Exception as exc:
+        return exc
+
+
+class _Inline:
+    """A stand-in for a thread pool that maps in the calling thread (``env_workers=1``)."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    @staticmethod
+    def map(fn: Callable, *iterables):
+        return map(fn, *iterables)

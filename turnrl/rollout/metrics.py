@@ -16,14 +16,15 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Means over the batch: reward, success, turns, tokens, tool and truncation rates."""
+    """Means over the batch: reward, success, turns, tokens, tool and truncation rates; with a
+    learned reward model also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier)."""
     n = max(len(trajectories), 1)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
     sampled = [
         [tok for tok, m in zip(t.token_ids, t.loss_mask) if m] for t in trajectories
     ]
-    return {
+    out = {
         "reward": sum(t.reward for t in trajectories) / n,
         "success": sum(t.success for t in trajectories) / n,
         "turns": turns / n,
@@ -37,3 +38,8 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "context_limit_rate": sum(t.termination == "context_length" for t in trajectories) / n,
         "unique_ngram_rate": unique_ngram_rate(sampled),
     }
+    verified = [t for t in trajectories if t.verifier_reward is not None]
+    if verified:  # a learned reward model gave the rewards: watch it against the verifier
+        out["verifier_reward"] = sum(t.verifier_reward for t in verified) / len(verified)
+        out["proxy_verifier_gap"] = sum(t.reward - t.verifier_reward for t in verified) / len(verified)
+    return out

@@ -32,6 +32,8 @@ class Trajectory:
         tool_calls / tool_errors / parse_errors: counts over the episode (from env info).
         length_truncated_turns: turns cut by ``max_new_tokens`` before the end-of-turn token.
         error: the exception text when ``termination == "env_error"``.
+        verifier_reward: the env's own return when the rewards came from a learned reward
+            model (``info["verifier_reward"]`` of the last step); None otherwise.
     """
 
     token_ids: list[int]
@@ -50,6 +52,7 @@ class Trajectory:
     parse_errors: int = 0
     length_truncated_turns: int = 0
     error: str | None = None
+    verifier_reward: float | None = None
 
     @property
     def reward(self) -> float:

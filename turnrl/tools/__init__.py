@@ -1,7 +1,7 @@
 """Tools for LLM agents: schemas, call parsing, safe execution, and built-in tools."""
 
 from turnrl.tools.calculator import calculator
-from turnrl.tools.execute import ToolResult, execute_call
+from turnrl.tools.execute import ToolError, ToolResult, check_call, execute_call
 from turnrl.tools.parsers import (
     FORMATTERS,
     PARSERS,
@@ -14,19 +14,34 @@ from turnrl.tools.parsers import (
 )
 from turnrl.tools.tool import Tool, tool, tool_map
 
+# Last: the executors and code tools import the modules above.
+from turnrl.tools.executors import EXECUTORS, Executor, Limits, Program, RunResult, get_executor, run_sync  # noqa: E402
+from turnrl.tools.code import run_python, run_shell  # noqa: E402
+
 __all__ = [
+    "EXECUTORS",
+    "Executor",
     "FORMATTERS",
+    "Limits",
     "PARSERS",
     "ParseResult",
+    "Program",
+    "RunResult",
     "Tool",
     "ToolCall",
+    "ToolError",
     "ToolResult",
     "calculator",
+    "check_call",
     "execute_call",
     "format_call",
+    "get_executor",
     "get_parser",
     "register_formatter",
     "register_parser",
+    "run_python",
+    "run_shell",
+    "run_sync",
     "tool",
     "tool_map",
 ]

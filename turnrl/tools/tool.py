@@ -21,13 +21,18 @@ class Tool:
         description: One-paragraph description shown to the model.
         parameters: JSON schema of the arguments: ``{"type": "object",
             "properties": {...}, "required": [...]}``.
-        fn: The callable; it is called as ``fn(**arguments)``.
+        fn: The callable; it is called as ``fn(**arguments)``. A *code tool*'s ``fn``
+            returns a ``turnrl.tools.executors.Program`` that its executor runs.
+        executor: The kind of executor that runs the tool by default (a name in
+            ``turnrl.tools.executors.EXECUTORS``: ``"inprocess"``, ``"sandbox"``, ...);
+            an env may override it per tool.
     """
 
     name: str
     description: str
     parameters: dict = field(hash=False)
     fn: Callable[..., Any] = field(hash=False, compare=False)
+    executor: str = "inprocess"
 
     def schema(self) -> dict:
         """The OpenAI / Qwen function schema ``{"type": "function", "function": {...}}``."""
@@ -45,16 +50,19 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-def tool(fn: Callable[..., Any]) -> Tool:
+def tool(fn: Callable[..., Any] | None = None, *, executor: str = "inprocess") -> Any:
     """Build a ``Tool`` from a typed, Google-style documented function.
 
     The description is the docstring's first paragraph; each parameter's
     description comes from the ``Args:`` section. Parameters with a default or
     an ``Optional[X]`` hint are not required. Bound methods work (``self`` is
-    not part of the signature). Usable as a decorator.
+    not part of the signature). Usable as a decorator: ``@tool``, or
+    ``@tool(executor="sandbox")`` for a code tool; also ``tool(fn, executor=...)``.
 
     Args:
-        fn: A plain function or bound method with a type hint on every parameter.
+        fn: A plain function or bound method with a type hint on every parameter
+            (None when used as ``@tool(executor=...)``: a decorator is returned).
+        executor: The tool's default executor kind (``Tool.executor``).
 
     Returns:
         The ``Tool`` named ``fn.__name__``.
@@ -63,8 +71,12 @@ def tool(fn: Callable[..., Any]) -> Tool:
         TypeError: If a parameter lacks a type hint, has an unsupported hint, is
             not documented in ``Args:``, is ``*args``/``**kwargs``, or the
             function has no docstring summary. The message names the function
-            and the parameter.
+            and the parameter; also if ``executor`` is not a non-empty str.
     """
+    if not isinstance(executor, str) or not executor:
+        raise TypeError(f"tool(): executor must be an executor kind such as 'sandbox', got {executor!r}")
+    if fn is None:
+        return lambda f: tool(f, executor=executor)
     name = getattr(fn, "__name__", None)
     if not callable(fn) or not name:
         raise TypeError(f"tool() needs a named function or bound method, got {fn!r}")
@@ -90,7 +102,7 @@ def tool(fn: Callable[..., Any]) -> Tool:
             "fix the names or remove them"
         )
     parameters = {"type": "object", "properties": properties, "required": required}
-    return Tool(name=name, description=doc.summary, parameters=parameters, fn=fn)
+    return Tool(name=name, description=doc.summary, parameters=parameters, fn=fn, executor=executor)
 
 
 def _parameter_schema(

@@ -1,0 +1,216 @@
+import math
+
+import gymnasium
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import turnrl.envs  # noqa: F401  (registers the envs)
+from turnrl.build import env_factory
+from turnrl.conf.schema import register_configs
+from turnrl.envs.check import check
+from turnrl.envs.frozen_lake import (
+    FrozenLakeEnv, parse_map, path_bounds, shortest_path, slippery_plan,
+)
+
+SMALL = "S.O/.../O.G"  # start top-left, holes at (0, 2) and (2, 0), goal bottom-right
+
+
+def fixed(map_text, **kwargs):
+    """An env on one hand-built map, reset into that map's split."""
+    env = FrozenLakeEnv(maps=[map_text], **kwargs)
+    obs, info = env.reset(seed=0, options={"split": parse_map(map_text).split})
+    return env, obs, info
+
+
+def play(env, seed, split, policy):
+    obs, info = env.reset(seed=seed, options={"split": split})
+    steps = [(obs, info)]
+    while True:
+        steps.append(env.step(policy()))
+        if steps[-1][2] or steps[-1][3]:
+            return steps
+
+
+def test_prompt_shows_legend_and_map():
+    env, obs, info = fixed(SMALL)
+    assert [m["role"] for m in obs] == ["system", "user"]
+    assert "P player, . frozen ice (safe), O hole (falling in ends the game), G goal" in obs[0]["content"]
+    assert "slippery" not in obs[0]["content"]
+    assert obs[1]["content"] == "Map:\nP.O\n...\nO.G\nReply with one move: up, down, left or right."
+    assert info["task_id"] == "frozen_lake-S.O/.../O.G" and info["state_key"] == (0, 0)
+    assert "slippery" in FrozenLakeEnv(is_slippery=True).system_prompt()
+
+
+def test_edge_hole_and_goal_rules():
+    env, _, _ = fixed(SMALL)
+    obs, reward, terminated, _, info = env.step("up")
+    assert obs == ({"role": "user", "content": "up: blocked by the edge, stayed\nMap:\nP.O\n...\nO.G"},)
+    assert (reward, terminated, info["state_key"]) == (0.0, False, (0, 0))
+    obs, *_ , info = env.step("right")
+    assert obs[0]["content"] == "right: moved\nMap:\n.PO\n...\nO.G"  # the start shows as ice
+    obs, reward, terminated, truncated, info = env.step("right")
+    assert obs[0]["content"] == "right: fell into a hole\nYou fell into a hole. Game over."
+    assert (reward, terminated, truncated, info["success"]) == (0.0, True, False, False)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("left")
+
+    env, _, _ = fixed(SMALL)
+    for move in ("down", "right", "down"):
+        env.step(move)
+    obs, reward, terminated, _, info = env.step("right")
+    assert obs[0]["content"] == "right: reached the goal\nYou reached the goal!"
+    assert (reward, terminated, info["success"], info["turn"]) == (1.0, True, True, 4)
+
+
+def test_several_moves_per_turn_stop_at_the_end_and_report_dropped_ones():
+    env, _, _ = fixed(SMALL, moves_per_turn=4)
+    *_, reward, terminated, _, info = env.step("down right down right")
+    assert (reward, terminated, info["success"], info["turn"]) == (1.0, True, True, 1)
+
+    env, _, _ = fixed(SMALL, moves_per_turn=2)
+    obs, *_ = env.step("down, right, down")
+    assert obs[0]["content"] == "down: moved\nright: moved\n(only the first 2 move(s) were played)\nMap:\n..O\n.P.\nO.G"
+    env, _, _ = fixed(SMALL, moves_per_turn=3)
+    obs, _, terminated, _, _ = env.step("right right down")  # the hole ends the turn early
+    assert terminated and obs[0]["content"].endswith("right: fell into a hole\nYou fell into a hole. Game over.")
+
+
+def test_garbage_counts_as_a_turn_and_truncates():
+    env, _, _ = fixed(SMALL, max_turns=3)
+    for text in ("hello", "", '<tool_call>{"name": "move", "arguments": '):
+        obs, reward, terminated, truncated, info = env.step(text)
+        assert obs[-1] == {"role": "user", "content": "No move found. Reply with one move: up, down, left or right."}
+        assert reward == 0.0 and not terminated and info["state_key"] == (0, 0)
+    assert truncated and info["turn"] == 3 and not info["success"]
+
+
+def test_state_key_is_the_position_whatever_the_path():
+    a, _, _ = fixed(SMALL, moves_per_turn=2)
+    b, _, _ = fixed(SMALL, moves_per_turn=2)
+    assert a.step("down, right")[-1]["state_key"] == b.step("right, down")[-1]["state_key"] == (1, 1)
+
+
+def test_generated_maps_are_solvable_within_bounds_and_the_expert_solves_both_splits():
+    for size in (3, 4, 8):
+        env = FrozenLakeEnv(size=size)
+        low, high = path_bounds(size)
+        assert env.max_turns == 2 * size + 4
+        for split in ("train", "test"):
+            for seed in range(100):
+                steps = play(env, seed, split, env.expert_action)
+                lake = env.task
+                assert lake.split == split and lake.size == size
+                path = shortest_path(lake, lake.start)
+                assert low <= len(path) <= high and high <= env.max_turns
+                *_, reward, terminated, truncated, info = steps[-1]
+                assert terminated and info["success"] and reward == 1.0
+                assert info["turn"] == len(path)  # the expert walks a shortest path
+                assert sum(s[1] for s in steps[1:]) == 1.0
+
+
+def test_expert_with_several_moves_per_turn_needs_fewer_turns():
+    env = FrozenLakeEnv(moves_per_turn=3)
+    assert env.max_turns == math.ceil(10 / 3) + 2
+    for seed in range(50):
+        steps = play(env, seed, "test", env.expert_action)
+        assert steps[-1][-1]["success"]
+        assert steps[-1][-1]["turn"] == math.ceil(len(shortest_path(env.task, env.task.start)) / 3)
+
+
+def test_same_seed_same_map_and_episode():
+    env = FrozenLakeEnv(is_slippery=True)
+    for seed in (0, 5):
+        runs = []
+        for _ in range(2):
+            rng = np.random.default_rng(seed)
+            runs.append(play(env, seed, "train", lambda: env.weak_expert_action(rng)))
+        assert runs[0] == runs[1]
+    maps = {FrozenLakeEnv().reset(seed=s)[1]["task_id"] for s in range(50)}
+    assert len(maps) == 50
+
+
+def test_splits_are_disjoint_by_map_hash():
+    env = FrozenLakeEnv()
+    ids = {split: {env.reset(seed=s, options={"split": split})[1]["task_id"] for s in range(300)}
+           for split in ("train", "test")}
+    assert len(ids["test"]) > 250 and not ids["train"] & ids["test"]
+    for split, task_ids in ids.items():
+        assert {parse_map(t.removeprefix("frozen_lake-")).split for t in task_ids} == {split}
+
+
+def test_slips_go_each_way_a_third_of_the_time():
+    outcomes = {}
+    env, _, _ = fixed("S../.../..G", is_slippery=True)
+    for seed in range(900):
+        env.reset(seed=seed, options={"split": parse_map("S../.../..G").split})
+        line = env.step("down")[0][0]["content"].splitlines()[0]
+        outcomes[line] = outcomes.get(line, 0) + 1
+    assert set(outcomes) == {"down: moved", "down (slipped left): blocked by the edge, stayed",
+                             "down (slipped right): moved"}
+    assert all(240 < n < 360 for n in outcomes.values()), outcomes
+
+
+def test_slippery_plan_values_by_hand_and_by_play():
+    lake = parse_map("S./.G")
+    plan = slippery_plan(lake, 4)
+    assert plan[1][(0, 0)][0] == 0.0  # the goal is two cells away
+    value, move = plan[2][(0, 0)]
+    assert move == "down" and value == pytest.approx(2 / 9)  # 1/3 * (1/3 + 0 + 1/3)
+    env, _, _ = fixed("S./.G", is_slippery=True, max_turns=4)
+    split = lake.split
+    wins = [play(env, seed, split, env.expert_action)[-1][-1]["success"] for seed in range(1500)]
+    expected = plan[4][(0, 0)][0]
+    assert abs(np.mean(wins) - expected) < 4 * math.sqrt(expected * (1 - expected) / 1500)
+
+
+def test_weak_player_has_headroom():
+    env = FrozenLakeEnv()
+    wins = []
+    for seed in range(300):
+        rng = np.random.default_rng(10_000 + seed)
+        wins.append(play(env, seed, "test", lambda: env.weak_expert_action(rng))[-1][-1]["success"])
+    random_wins = []
+    for seed in range(300):
+        rng = np.random.default_rng(10_000 + seed)
+        random_wins.append(play(env, seed, "test", lambda: env.random_action(rng))[-1][-1]["success"])
+    assert 0.3 < np.mean(wins) < 0.65 and np.mean(random_wins) < 0.2
+
+
+def test_fixed_maps_accept_gymnasium_symbols():
+    lake = parse_map("SFFF/FHFH/FFFH/HFFG")
+    assert lake.rows == ("S...", ".O.O", "...O", "O..G") and len(shortest_path(lake, lake.start)) == 6
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"size": 2}, "size must be an int in"),
+    ({"size": 9}, "size must be an int in"),
+    ({"hole_prob": 0.9}, "hole_prob must be"),
+    ({"moves_per_turn": 0}, "moves_per_turn must be"),
+    ({"maps": "S./.G"}, "maps must be a non-empty sequence"),
+    ({"maps": ["S./.X"]}, "has symbols"),
+    ({"maps": ["SO/OG"]}, "unsolvable"),
+    ({"maps": ["S../.G"]}, "must be square"),
+    ({"maps": ["S./.."]}, "exactly one S and one G"),
+])
+def test_bad_kwargs_are_value_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FrozenLakeEnv(**kwargs)
+    with pytest.raises(TypeError, match="is_slippery must be a bool"):
+        FrozenLakeEnv(is_slippery="yes")
+
+
+def test_registered_env_passes_the_checker():
+    report = check("turnrl/FrozenLake-v0", seeds=30)
+    assert report.ok, report.format()
+
+
+def test_hydra_group_builds_the_env():
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=frozen_lake"]))
+    assert cfg.env.id == "turnrl/FrozenLake-v0" and cfg.agent.max_new_tokens == 8
+    env = env_factory(cfg)()
+    assert isinstance(env.unwrapped, FrozenLakeEnv) and env.unwrapped.max_turns == 12
+    assert gymnasium.spec("turnrl/FrozenLake-v0").entry_point == "turnrl.envs.frozen_lake:FrozenLakeEnv"

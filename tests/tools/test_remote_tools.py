@@ -1,0 +1,300 @@
+"""Remote tools: a real ``ToolServer`` on loopback (in a thread, and as a subprocess via the
+CLI) and the real ``RemoteExecutor`` talking to it over HTTP. Failures are made by real server
+tools (one that sleeps, one that counts calls and refuses the first N), never by mocks."""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from turnrl.tools import Tool, ToolCall, calculator, run_python, run_sync, tool
+from turnrl.tools.executors import EXECUTORS, get_executor
+from turnrl.tools.executors.remote import RemoteExecutor, RemoteFunction, remote_tools
+from turnrl.tools.serve import ToolServer, ToolUnavailable, load_tools
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Gauge:
+    """A real tool that sleeps and records how many of its calls were in flight at once."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_flight = self.peak = self.calls = 0
+
+    def hold(self, seconds: float) -> str:
+        """Hold the line for a while, then say so.
+
+        Args:
+            seconds: How long to hold.
+        """
+        with self.lock:
+            self.calls += 1
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            time.sleep(seconds)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+        return f"held {seconds}"
+
+
+class Flaky:
+    """A real tool whose backend is 'warming up': its first ``failures`` calls are refused."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def double(self, x: int) -> int:
+        """Double a number.
+
+        Args:
+            x: The number.
+        """
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+        if n <= self.failures:
+            raise ToolUnavailable(f"backend warming up (call {n})")
+        return 2 * x
+
+
+def call(executor, tool_, arguments, session="s"):
+    return run_sync(executor.arun(tool_, ToolCall(tool_.name, arguments), session))
+
+
+@pytest.fixture
+def gauge():
+    return Gauge()
+
+
+@pytest.fixture
+def server(gauge):
+    with ToolServer([calculator, tool(gauge.hold)]) as s:
+        yield s
+
+
+def remote(server, **kwargs):
+    kwargs.setdefault("backoff_s", 0.01)
+    executor = RemoteExecutor(server.url, **kwargs)
+    return executor
+
+
+def test_schemas_round_trip_and_tools_refuse_in_process_calls(server, gauge):
+    tools = remote_tools(server.url)
+    assert [t.schema() for t in tools] == [calculator.schema(), tool(gauge.hold).schema()]
+    assert all(t.executor == "remote" for t in tools)
+    assert tools[0].fn == RemoteFunction("calculator", server.url)
+    with pytest.raises(RuntimeError, match=f"runs on the tool service at {server.url}"):
+        tools[0](expression="1+1")
+    assert "remote" in EXECUTORS and "docker" in EXECUTORS
+
+
+def test_calls_run_on_the_server_with_its_validation_and_errors(server):
+    calc = remote_tools(server.url)[0]
+    ex = remote(server)
+    try:
+        assert (call(ex, calc, {"expression": "37 * 24"}).content, call(ex, calc, {"expression": "1"}).error) == ("888", None)
+        r = call(ex, calc, {"expression": "1/0"})
+        assert r.error == "exception" and "division by zero" in r.content
+        r = call(ex, calc, {"expr": "1"})  # arguments the client did not validate: the server does
+        assert r.error == "bad_arguments" and "unexpected argument 'expr'" in r.content
+    finally:
+        ex.close()
+
+
+def test_executor_without_url_uses_each_tools_own_server(server):
+    calc = remote_tools(server.url)[0]
+    ex = RemoteExecutor()
+    try:
+        assert call(ex, calc, {"expression": "6*7"}).content == "42"
+        r = call(ex, calculator, {"expression": "6*7"})  # a local tool: no server to go to
+        assert r.error == "exception" and "no tool service" in r.content
+    finally:
+        ex.close()
+
+
+def test_4xx_answers_are_not_retried(server):
+    ex = remote(server, retries=3)
+    try:
+        ghost = Tool("ghost", "No such tool.", {"type": "object", "properties": {}}, RemoteFunction("ghost", server.url))
+        r = call(ex, ghost, {})
+        assert r.error == "unknown_tool" and "Available tools: calculator, hold" in r.content
+        assert server.status_counts[404] == 1
+        nameless = Tool("", "Empty name.", {"type": "object", "properties": {}}, RemoteFunction("", server.url))
+        r = call(ex, nameless, {})
+        assert r.error == "exception" and "refused the call (HTTP 400" in r.content
+        assert server.status_counts[400] == 1
+    finally:
+        ex.close()
+
+
+def test_5xx_is_retried_with_backoff_until_it_works():
+    flaky = Flaky(failures=2)
+    with ToolServer([tool(flaky.double)]) as server:
+        ex = RemoteExecutor(server.url, retries=3, backoff_s=0.1)
+        start = time.monotonic()
+        r = call(ex, remote_tools(server.url)[0], {"x": 21})
+        elapsed = time.monotonic() - start
+        ex.close()
+        assert (r.content, r.error) == ("42", None)
+        assert flaky.calls == 3 and server.status_counts[503] == 2
+        assert elapsed >= 0.1 + 0.2  # two backoffs, the second doubled
+
+
+def test_retries_give_up_with_a_message_for_the_model():
+    flaky = Flaky(failures=100)
+    with ToolServer([tool(flaky.double)]) as server:
+        url = server.url
+        ex = RemoteExecutor(url, retries=2, backoff_s=0.01)
+        r = call(ex, remote_tools(url)[0], {"x": 1})
+        ex.close()
+    assert r.error == "exception" and flaky.calls == 3
+    assert f"the tool service at {url} did not answer after 3 tries" in r.content
+    assert "HTTP 503" in r.content and "backend warming up (call 3)" in r.content
+
+
+def test_slow_tool_times_out_each_try(server, gauge):
+    hold = remote_tools(server.url)[1]
+    ex = remote(server, timeout_s=0.2, retries=1)
+    try:
+        start = time.monotonic()
+        r = call(ex, hold, {"seconds": 1.5})
+        elapsed = time.monotonic() - start
+    finally:
+        ex.close()
+    assert r.error == "timeout" and "did not answer after 2 tries" in r.content and "within 0.2 s" in r.content
+    assert elapsed < 1.0 and gauge.calls == 2
+
+
+def test_server_stopped_mid_call_gives_an_error_result(gauge):
+    server = ToolServer([tool(gauge.hold)]).start()
+    hold = remote_tools(server.url)[0]
+    ex = RemoteExecutor(server.url, retries=2, backoff_s=0.05)
+    try:
+        threading.Timer(0.3, server.stop).start()
+        start = time.monotonic()
+        r = call(ex, hold, {"seconds": 3.0})
+        elapsed = time.monotonic() - start
+        assert r.error == "exception" and "did not answer after 3 tries" in r.content
+        assert elapsed < 2.0  # it did not wait for the tool: the connection was closed
+        r = call(ex, hold, {"seconds": 0.0})  # nothing listens any more
+        assert r.error == "exception" and "ConnectError" in r.content
+    finally:
+        ex.close()
+        server.stop()
+
+
+def test_concurrency_is_bounded_by_max_concurrency(server, gauge):
+    hold = remote_tools(server.url)[1]
+    ex = remote(server, max_concurrency=3)
+
+    async def many():
+        import asyncio
+
+        return await asyncio.gather(*(ex.arun(hold, ToolCall("hold", {"seconds": 0.15}), f"s{i}") for i in range(12)))
+
+    try:
+        start = time.monotonic()
+        results = run_sync(many())
+        elapsed = time.monotonic() - start
+    finally:
+        ex.close()
+    assert [r.content for r in results] == ["held 0.15"] * 12
+    assert gauge.peak == 3 and gauge.calls == 12
+    assert elapsed >= 4 * 0.15 * 0.9
+
+
+def test_malformed_requests_get_a_4xx_saying_what_was_wrong(server):
+    with httpx.Client(base_url=server.url, trust_env=False) as http:
+        for body, status, words in [
+            (b"{not json", 400, "not valid UTF-8 JSON"),
+            (b"[1, 2]", 400, "must be a JSON object, got list"),
+            (b'{"arguments": {}}', 400, '"name" must be a non-empty string'),
+            (b'{"name": "calculator", "arguments": [1]}', 400, '"arguments" must be a JSON object'),
+            (b'{"name": "calculator", "session": 3}', 400, '"session" must be a string'),
+            (b'{"name": "calculator", "args": {}}', 400, "unknown keys ['args']"),
+            (b'{"name": "nope"}', 404, "unknown tool 'nope'"),
+        ]:
+            r = http.post("/call", content=body)
+            assert r.status_code == status and words in r.json()["message"], (body, r.text)
+        assert http.post("/call", content=b'{"name": "nope"}').json()["tools"] == ["calculator", "hold"]
+        assert http.get("/nowhere").status_code == 404 and http.post("/nowhere", content=b"{}").status_code == 404
+        ok = http.post("/call", json={"name": "calculator", "arguments": {"expression": "2**10"}, "session": "x"})
+        assert ok.json() == {"content": "1024", "error": None}  # the connection is still usable
+
+
+def test_bad_urls_and_missing_servers_are_clear_errors():
+    with pytest.raises(ValueError, match="must look like 'http://127.0.0.1:8000'"):
+        RemoteExecutor("localhost:8000")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match="cannot fetch the tool list"):
+        remote_tools(f"http://127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="retries must be an int >= 0"):
+        RemoteExecutor("http://127.0.0.1:1", retries=-1)
+    url = f"http://127.0.0.1:{port}"
+    assert get_executor("remote", url=url) is get_executor("remote", url=url)
+
+
+def test_served_code_tool_runs_in_the_servers_sandbox_and_sessions_close():
+    from turnrl.tools.executors import SandboxUnavailable
+
+    try:
+        get_executor("sandbox")
+    except SandboxUnavailable as e:
+        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+    limits = {"cpu_s": 1, "wall_s": 4, "memory_mb": 256}
+    with ToolServer([run_python], executor_options={"sandbox": {"limits": limits}}) as server:
+        (remote_python,) = remote_tools(server.url)
+        ex = RemoteExecutor(server.url)
+        session = uuid.uuid4().hex
+        try:
+            r = call(ex, remote_python, {"code": "open('note.txt', 'w').write('kept')"}, session)
+            assert r.error is None and "Exit code: 0" in r.content
+            read = "import os\nprint(os.path.exists('note.txt'))"
+            assert "True" in call(ex, remote_python, {"code": read}, session).content
+            ex.close_session(session)  # the server frees the session's sandbox dir
+            assert "False" in call(ex, remote_python, {"code": read}, session).content
+            r = call(ex, remote_python, {"code": "while True: pass"}, session)
+        finally:
+            ex.close()
+    assert r.error == "limit" and "CPU time (limit cpu_s=1)" in r.content
+
+
+def test_cli_serves_tools_from_a_subprocess():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnrl.tools.serve", "turnrl.tools.calculator:calculator", "--port", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving calculator at http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
+        url = line.split(" at ")[1].strip()
+        (calc,) = remote_tools(url)
+        ex = RemoteExecutor(url)
+        assert call(ex, calc, {"expression": "3**4"}).content == "81"
+        ex.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_load_tools_specs():
+    assert load_tools("turnrl.tools.calculator:calculator") == [calculator]
+    with pytest.raises(ValueError, match="must be 'module:attr'"):
+        load_tools("turnrl.tools.calculator")
+    with pytest.raises(ValueError, match="has no attribute 'nothing'"):
+        load_tools("turnrl.tools.calculator:nothing")
+    with pytest.raises(ValueError, match="not a Tool, function or list"):
+        load_tools("turnrl.tools.calculator:MAX_EXPRESSION_CHARS")

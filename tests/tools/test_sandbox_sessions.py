@@ -1,0 +1,114 @@
+"""Sandbox sessions, exit codes, stdin and the env wiring of a code tool (real bwrap)."""
+
+import os
+import uuid
+
+import pytest
+
+from turnrl.envs.base import MultiTurnEnv, TurnOutcome
+from turnrl.tools import Program, ToolCall, run_python, run_shell, run_sync, tool
+from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable, get_executor
+
+LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    try:
+        ex = SandboxExecutor(LIMITS)
+    except SandboxUnavailable as e:
+        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+    yield ex
+    ex.close()
+
+
+def py(ex, code, session):
+    return run_sync(ex.arun(run_python, ToolCall("run_python", {"code": code}), session))
+
+
+def test_files_persist_within_a_session_not_across(sandbox):
+    a, b = uuid.uuid4().hex, uuid.uuid4().hex
+    py(sandbox, "open('notes.txt', 'w').write('kept')", a)
+    assert "stdout:\nkept" in py(sandbox, "print(open('notes.txt').read())", a).content
+    assert "FileNotFoundError" in py(sandbox, "print(open('notes.txt').read())", b).content
+    workdir = sandbox.workdir(a)
+    sandbox.close_session(a)
+    assert not os.path.exists(workdir)
+    assert "FileNotFoundError" in py(sandbox, "print(open('notes.txt').read())", a).content
+
+
+def test_exit_codes_stdin_and_extra_files(sandbox):
+    r = py(sandbox, "import sys\nprint('bye', file=sys.stderr)\nsys.exit(3)", "s")
+    assert r.error is None and r.content == "Exit code: 3\nstdout: (empty)\nstderr:\nbye"
+    r = run_sync(sandbox.run(Program(("python3", "pkg/calc.py"), {"pkg/calc.py": "print(int(input()) * 2)"}, "21\n"), "s"))
+    assert (r.exit_code, r.stdout, r.limit) == (0, "42\n", None)
+    r = run_sync(sandbox.run(Program(("no-such-binary",)), "s"))
+    assert r.exit_code == 127 and "cannot run 'no-such-binary'" in r.stderr
+    r = run_sync(sandbox.arun(run_shell, ToolCall("run_shell", {"command": "echo $((6*7)); yes | head -2"}), "s"))
+    assert r.content == "Exit code: 0\nstdout:\n42\ny\ny"
+
+
+def test_missing_bwrap_is_a_clear_error():
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        SandboxExecutor(bwrap="no-such-bwrap")
+
+
+def test_sandbox_refuses_plain_tools(sandbox):
+    @tool
+    def plain(x: int) -> int:
+        """Not a code tool.
+
+        Args:
+            x: A number.
+        """
+        return x
+
+    r = run_sync(sandbox.arun(plain, ToolCall("plain", {"x": 1}), "s"))
+    assert r.error == "exception" and "not a code tool" in r.content
+
+
+class Coder(MultiTurnEnv):
+    """A one-turn env with the run_python tool."""
+
+    tools = (run_python,)
+    default_max_turns = 1
+
+    def _new_task(self, rng, split):
+        return 0
+
+    def _task_id(self, task):
+        return "t"
+
+    def _start_episode(self, task):
+        return [{"role": "user", "content": "run code"}]
+
+    def _on_turn(self, action, parse, tool_results):
+        return TurnOutcome(terminated=True, success=bool(tool_results) and tool_results[0].ok)
+
+    def _state_key(self):
+        return 0
+
+    def expert_action(self):
+        return '<tool_call>\n{"name": "run_python", "arguments": {"code": "open(\'f\', \'a\').write(\'x\')\\nprint(open(\'f\').read())"}}\n</tool_call>'
+
+
+def test_env_sessions_are_per_episode_and_closed_on_reset():
+    try:
+        env = Coder(executor_options={"sandbox": {"limits": LIMITS}})
+    except SandboxUnavailable as e:
+        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+    assert env.executor_for("run_python") is get_executor("sandbox", limits=LIMITS)
+    env.reset(seed=0)
+    obs, *_ , info = env.step(env.expert_action())
+    assert obs[0]["content"] == "Exit code: 0\nstdout:\nx" and info["tool_errors"] == 0
+    first_dir = env.executor_for("run_python").workdir(env.session)
+    env.reset(seed=0)  # a new episode: a new, empty working dir
+    assert not os.path.exists(first_dir)
+    obs, *_ = env.step(env.expert_action())
+    assert obs[0]["content"] == "Exit code: 0\nstdout:\nx"
+    env.close()
+    # an override sends the code tool in-process, which refuses it with a clear error
+    env = Coder(executors={"run_python": "inprocess"})
+    env.reset(seed=0)
+    obs, *_ = env.step(env.expert_action())
+    assert "cannot run in-process" in obs[0]["content"]

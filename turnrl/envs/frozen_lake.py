@@ -1,0 +1,385 @@
+"""FrozenLake: walk across a procedurally generated frozen lake to the goal without falling in.
+
+Description:
+    A task is a ``size x size`` map (default 4, up to 8) with a start, a goal and holes. The
+    start and goal are distinct uniformly drawn cells; every other cell is a hole with
+    probability ``hole_prob`` (default 0.25). A map is kept only when its shortest start-goal
+    path (BFS) has between ``size - 1`` and ``2 * size + 2`` moves, so every map is solvable
+    and none is trivial. This is our own text version (not gymnasium's ``FrozenLake-v1``
+    with its fixed corners), in the spirit of the RAGEN benchmark.
+
+Action Space:
+    The assistant's text; its direction words ``up/down/left/right`` in order are the moves
+    (``turnrl.envs.grid_moves``: whole words, any case, only inside ``<answer>...</answer>``
+    when the reply has such a block). Up to ``moves_per_turn`` moves (default 1) are played
+    per turn; further ones are ignored (and the reply says so). With ``is_slippery=True`` a
+    move goes the intended way with probability 1/3 and to each perpendicular side with 1/3,
+    as in gymnasium, drawn from the env's ``np_random`` (seeded by ``reset``).
+
+Observation Space:
+    System prompt: the rules and the legend ``P`` player, ``.`` frozen ice, ``O`` hole,
+    ``G`` goal (row 1 is the top; a move off the edge leaves the player in place). The first
+    user message shows the map and the reply format. After each turn one user message: one
+    line per move played (``"right: moved"``, ``"up: blocked by the edge, stayed"``, with
+    ``" (slipped left)"`` after the move name when the ice slipped, ``"down: fell into a
+    hole"``, ``"left: reached the goal"``) and then the map, or the verdict when the episode
+    ends. A reply without a move gets ``"No move found. <format>"``; the turn still counts.
+
+Rewards:
+    1.0 on the turn the player reaches the goal, 0.0 otherwise (also for falling in a hole).
+
+Episode End:
+    Terminated on reaching the goal (success) or falling into a hole (failure); truncated
+    after ``max_turns`` turns, by default ``ceil((2 * size + 2) / moves_per_turn) + 2`` (12 for
+    the 4x4 default, ``2 * size + 4`` with one move per turn): the path cap plus 2 turns, so
+    the expert's shortest path fits on every map.
+
+Splits:
+    A map is test when ``crc32(map text) % 4 == 0`` (map rows joined by ``/`` with ``S``
+    start, ``G`` goal, ``O`` holes, ``.`` ice), else train; maps are drawn by rejection.
+    With fixed ``maps`` (e.g. gymnasium's ``"SFFF/FHFH/FFFH/HFFG"``) each split draws from
+    the given maps in its bucket.
+    ``task_id = "frozen_lake-" + map text``. ``state_key`` is the player's ``(row, col)``
+    (the map is implied by the task).
+
+Scripted players:
+    ``expert_action`` on firm ice plays the first ``moves_per_turn`` moves of a BFS shortest
+    path from the player's cell: it solves every map within ``max_turns``. On slippery ice no
+    player can be sure to win, so the checker's "expert solves every seed" holds only for the
+    default ``is_slippery=False``; there the expert plays one move per turn, the one that
+    maximises the chance to reach the goal in the turns left (``slippery_plan``, exact dynamic
+    programming). ``random_action`` plays ``moves_per_turn`` uniformly random moves;
+    ``weak_expert_action`` plays the expert's moves with p=0.4, else random ones.
+    Measured with ``python -m turnrl baselines turnrl/FrozenLake-v0 --episodes 200`` (default
+    kwargs), success (mean turns): test random 0.11 (6.1), weak 0.52 (6.2), expert 1.00
+    (3.9); train random 0.07, weak 0.52, expert 1.00. Other settings (seeds 0..199 of both
+    splits): ``is_slippery=True`` random 0.09, weak 0.19, expert 0.37 (0.65 with
+    ``max_turns=30``); ``size=8`` random 0.00, weak 0.12, expert 1.00.
+
+Version History:
+    v0: initial version.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
+from turnrl.envs.grid_moves import DIRECTIONS, MOVES, moves_instruction, parse_moves, random_moves
+from turnrl.tools import ParseResult, ToolResult
+
+__all__ = ["FrozenLakeEnv", "LakeMap", "generate_map", "parse_map", "shortest_path", "slippery_plan"]
+
+START, GOAL, HOLE, ICE, PLAYER = "S", "G", "O", ".", "P"
+MIN_SIZE, MAX_SIZE = 3, 8
+TEST_BUCKETS = 4  # one hash bucket in four is the test split
+MAX_DRAWS = 10_000
+WEAK_FOLLOW_PROB = 0.4
+"""Probability that ``weak_expert_action`` plays the expert's move (else a random one)."""
+PERPENDICULAR = {"up": ("left", "right"), "down": ("left", "right"), "left": ("up", "down"), "right": ("up", "down")}
+
+Pos = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LakeMap:
+    """A square map: ``rows`` of ``S`` start, ``G`` goal, ``O`` hole and ``.`` ice cells."""
+
+    rows: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def text(self) -> str:
+        """The rows joined by ``/`` (the split hash and the task id use it)."""
+        return "/".join(self.rows)
+
+    @property
+    def start(self) -> Pos:
+        return self._find(START)
+
+    @property
+    def goal(self) -> Pos:
+        return self._find(GOAL)
+
+    @property
+    def split(self) -> str:
+        return "test" if zlib.crc32(self.text.encode()) % TEST_BUCKETS == 0 else "train"
+
+    def cell(self, pos: Pos) -> str:
+        return self.rows[pos[0]][pos[1]]
+
+    def render(self, player: Pos) -> str:
+        """The map as the model sees it: ``P`` on the player's cell, the start shown as ice."""
+        lines = []
+        for r, row in enumerate(self.rows):
+            cells = [ICE if c == START else c for c in row]
+            if r == player[0]:
+                cells[player[1]] = PLAYER
+            lines.append("".join(cells))
+        return "\n".join(lines)
+
+    def _find(self, symbol: str) -> Pos:
+        for r, row in enumerate(self.rows):
+            if symbol in row:
+                return r, row.index(symbol)
+        raise ValueError(f"map {self.text!r} has no {symbol!r} cell")
+
+
+def step_pos(size: int, pos: Pos, move: str) -> Pos:
+    """The cell one ``move`` away from ``pos``; ``pos`` itself when that leaves the map."""
+    dr, dc = DIRECTIONS[move]
+    r, c = pos[0] + dr, pos[1] + dc
+    return (r, c) if 0 <= r < size and 0 <= c < size else pos
+
+
+def shortest_path(lake: LakeMap, start: Pos) -> tuple[str, ...] | None:
+    """A shortest move sequence from ``start`` to the goal avoiding holes (BFS, ties broken
+    by the order of ``MOVES``); None when the goal cannot be reached."""
+    goal = lake.goal
+    parents: dict[Pos, tuple[Pos, str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        pos = queue.popleft()
+        if pos == goal:
+            path = []
+            while parents[pos] is not None:
+                pos, move = parents[pos]
+                path.append(move)
+            return tuple(reversed(path))
+        for move in MOVES:
+            nxt = step_pos(lake.size, pos, move)
+            if nxt not in parents and lake.cell(nxt) != HOLE:
+                parents[nxt] = (pos, move)
+                queue.append(nxt)
+    return None
+
+
+def slippery_plan(lake: LakeMap, horizon: int) -> list[dict[Pos, tuple[float, str]]]:
+    """The optimal player on slippery ice, by finite-horizon dynamic programming.
+
+    Returns:
+        ``plan[t][pos] = (p, move)``: with ``t`` moves left (``0 <= t <= horizon``) at a safe cell
+        ``pos``, ``move`` maximises the probability ``p`` of reaching the goal in time (ties
+        go to the earlier move of ``MOVES``).
+    """
+    safe = [(r, c) for r in range(lake.size) for c in range(lake.size) if lake.cell((r, c)) not in (HOLE, GOAL)]
+    plan: list[dict[Pos, tuple[float, str]]] = [{pos: (0.0, MOVES[0]) for pos in safe}]
+    for _ in range(horizon):
+        before, best = plan[-1], {}
+        for pos in safe:
+            options = []
+            for move in MOVES:
+                value = 0.0
+                for actual in (move, *PERPENDICULAR[move]):
+                    nxt = step_pos(lake.size, pos, actual)
+                    cell = lake.cell(nxt)
+                    value += 1.0 if cell == GOAL else 0.0 if cell == HOLE else before[nxt][0]
+                options.append((value / 3, move))
+            best[pos] = max(options, key=lambda option: option[0])
+        plan.append(best)
+    return plan
+
+
+def path_bounds(size: int) -> tuple[int, int]:
+    """``(min, max)`` shortest-path length of an accepted ``size x size`` map."""
+    return size - 1, 2 * size + 2
+
+
+def parse_map(text: str) -> LakeMap:
+    """A solvable map from text: rows split by ``/`` or newlines, of ``S`` start, ``G`` goal,
+    ``O`` hole and ``.`` ice (gymnasium's ``F`` ice and ``H`` hole are read too).
+
+    Raises:
+        ValueError: If the map is not square (at least 2x2), has another symbol, not exactly
+            one ``S`` and one ``G``, or no path from start to goal.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a map must be a str of rows split by '/' or newlines, got {type(text).__name__}")
+    rows = tuple(row.strip().replace("F", ICE).replace("H", HOLE) for row in text.replace("/", "\n").split("\n"))
+    rows = tuple(row for row in rows if row)
+    if len(rows) < 2 or any(len(row) != len(rows) for row in rows):
+        raise ValueError(f"map {text!r} must be square with at least 2 rows, e.g. 'S..O/.O../..../O..G'")
+    symbols = set("".join(rows))
+    if not symbols <= {START, GOAL, HOLE, ICE}:
+        raise ValueError(f"map {text!r} has symbols {sorted(symbols - {START, GOAL, HOLE, ICE})}; "
+                         f"use {START} start, {GOAL} goal, {HOLE} hole, {ICE} ice")
+    joined = "".join(rows)
+    if joined.count(START) != 1 or joined.count(GOAL) != 1:
+        raise ValueError(f"map {text!r} needs exactly one {START} and one {GOAL}")
+    lake = LakeMap(rows)
+    if shortest_path(lake, lake.start) is None:
+        raise ValueError(f"map {text!r} is unsolvable: no path from {START} to {GOAL} avoids the holes")
+    return lake
+
+
+def generate_map(rng: np.random.Generator, size: int, hole_prob: float) -> LakeMap | None:
+    """One draw of a map (see the module docstring); None when it is rejected
+    (unsolvable, or its shortest path is outside ``path_bounds(size)``)."""
+    cells = np.where(rng.random((size, size)) < hole_prob, HOLE, ICE)
+    start, goal = (divmod(int(i), size) for i in rng.choice(size * size, size=2, replace=False))
+    cells[start], cells[goal] = START, GOAL
+    lake = LakeMap(tuple("".join(row) for row in cells))
+    path = shortest_path(lake, start)
+    low, high = path_bounds(size)
+    return lake if path is not None and low <= len(path) <= high else None
+
+
+class FrozenLakeEnv(MultiTurnEnv):
+    """Walk from the start to the goal of a text map without stepping into a hole.
+
+    Args:
+        size: Side of the square map, 3..8.
+        hole_prob: Probability that a cell other than start and goal is a hole, in [0, 0.6].
+        is_slippery: Whether moves slip sideways (p=1/3 each side) as in gymnasium.
+        moves_per_turn: Most moves played per assistant turn (RAGEN's actions per turn).
+        maps: Fixed maps to draw from instead of generated ones (``parse_map`` text, e.g.
+            gymnasium's ``"SFFF/FHFH/FFFH/HFFG"``); each split holds the maps of its hash
+            bucket, and ``size``/``hole_prob`` are unused.
+        max_turns: Turn limit; default ``ceil(L / moves_per_turn) + 2`` where ``L`` is the
+            path cap ``2 * size + 2`` (with ``maps``: of the largest map, or its longest
+            shortest path if longer).
+        tool_parser: Parser name (the env has no tools; calls get "unknown tool").
+    """
+
+    def __init__(self, size: int = 4, hole_prob: float = 0.25, *, is_slippery: bool = False,
+                 moves_per_turn: int = 1, maps: Sequence[str] | None = None, max_turns: int | None = None,
+                 tool_parser: str = "hermes") -> None:
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not MIN_SIZE <= size <= MAX_SIZE:
+            raise ValueError(f"size must be an int in [{MIN_SIZE}, {MAX_SIZE}], got {size!r}")
+        if not isinstance(hole_prob, (int, float)) or isinstance(hole_prob, bool) or not 0 <= hole_prob <= 0.6:
+            raise ValueError(f"hole_prob must be a number in [0, 0.6], got {hole_prob!r}")
+        if not isinstance(is_slippery, bool):
+            raise TypeError(f"is_slippery must be a bool, got {type(is_slippery).__name__}")
+        if not isinstance(moves_per_turn, (int, np.integer)) or isinstance(moves_per_turn, bool) or moves_per_turn < 1:
+            raise ValueError(f"moves_per_turn must be a positive int, got {moves_per_turn!r}")
+        if isinstance(maps, str) or (maps is not None and not maps):
+            raise ValueError(f"maps must be a non-empty sequence of map strings or None, got {maps!r}")
+        self.maps = tuple(parse_map(m) for m in maps) if maps is not None else None
+        self.size, self.hole_prob = int(size), float(hole_prob)
+        self.is_slippery, self.moves_per_turn = is_slippery, int(moves_per_turn)
+        longest = path_bounds(self.size)[1]
+        if self.maps is not None:
+            longest = max(max(path_bounds(m.size)[1], len(shortest_path(m, m.start) or ())) for m in self.maps)
+        default_turns = math.ceil(longest / self.moves_per_turn) + 2
+        super().__init__(tool_parser=tool_parser, max_turns=default_turns if max_turns is None else max_turns)
+        self._pos: Pos = (0, 0)
+        self._slippery_plan: list[dict[Pos, tuple[float, str]]] | None = None
+
+    @property
+    def position(self) -> Pos:
+        """The player's ``(row, col)``; row 0 is the top."""
+        return self._pos
+
+    def system_prompt(self) -> str:
+        """The rules, the legend and (when slippery) how the ice slips."""
+        slip = (" The ice is slippery: a move goes the intended way with probability 1/3 and to each "
+                "side (perpendicular) with probability 1/3." if self.is_slippery else "")
+        return (
+            "You are playing FrozenLake. Walk the player to the goal across the frozen lake without "
+            "stepping into a hole.\n"
+            f"Legend: {PLAYER} player, {ICE} frozen ice (safe), {HOLE} hole (falling in ends the game), "
+            f"{GOAL} goal.\n"
+            "Moves: up, down, left, right (up is toward the first row). A move off the edge of the map "
+            f"leaves you in place.{slip}\n{moves_instruction(self.moves_per_turn)}"
+        )
+
+    # ----------------------------------------------------------------- hooks
+    def _new_task(self, rng: np.random.Generator, split: str) -> LakeMap:
+        if self.maps is not None:
+            pool = [m for m in self.maps if m.split == split]
+            if not pool:
+                raise ValueError(f"none of the {len(self.maps)} given maps is in the {split!r} split "
+                                 f"(a map is test when crc32(map text) % {TEST_BUCKETS} == 0)")
+            return pool[int(rng.integers(len(pool)))]
+        for _ in range(MAX_DRAWS):
+            lake = generate_map(rng, self.size, self.hole_prob)
+            if lake is not None and lake.split == split:
+                return lake
+        raise RuntimeError(f"no {split!r} map found in {MAX_DRAWS} draws (size={self.size}, "
+                           f"hole_prob={self.hole_prob}); lower hole_prob")
+
+    def _task_id(self, task: LakeMap) -> str:
+        return f"frozen_lake-{task.text}"
+
+    def _start_episode(self, task: LakeMap) -> list[Message]:
+        self._pos, self._slippery_plan = task.start, None
+        return [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": f"Map:\n{task.render(self._pos)}\n{moves_instruction(self.moves_per_turn)}"},
+        ]
+
+    def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
+        moves = parse_moves(action, self.moves_per_turn)
+        if not moves.moves:
+            return TurnOutcome(messages=(_user(f"No move found. {moves_instruction(self.moves_per_turn)}"),))
+        lake: LakeMap = self._task
+        lines = []
+        for move in moves.moves:
+            actual = self._slip(move)
+            nxt = step_pos(lake.size, self._pos, actual)
+            name = move if actual == move else f"{move} (slipped {actual})"
+            if nxt == self._pos:
+                lines.append(f"{name}: blocked by the edge, stayed")
+                continue
+            self._pos = nxt
+            if lake.cell(nxt) == HOLE:
+                lines.append(f"{name}: fell into a hole\nYou fell into a hole. Game over.")
+                return TurnOutcome(messages=(_user("\n".join(lines)),), terminated=True)
+            if lake.cell(nxt) == GOAL:
+                lines.append(f"{name}: reached the goal\nYou reached the goal!")
+                return TurnOutcome(messages=(_user("\n".join(lines)),), reward=1.0, terminated=True, success=True)
+            lines.append(f"{name}: moved")
+        if moves.dropped:
+            lines.append(f"(only the first {self.moves_per_turn} move(s) were played)")
+        lines.append(f"Map:\n{lake.render(self._pos)}")
+        return TurnOutcome(messages=(_user("\n".join(lines)),))
+
+    def _state_key(self) -> Pos:
+        return self._pos
+
+    def _slip(self, move: str) -> str:
+        """The move actually made: ``move``, or on slippery ice one of its sides (p=1/3 each)."""
+        if not self.is_slippery:
+            return move
+        k = int(self.np_random.integers(3))
+        return move if k == 0 else PERPENDICULAR[move][k - 1]
+
+    # --------------------------------------------------------------- players
+    def expert_action(self) -> str:
+        """On firm ice, the first ``moves_per_turn`` moves of a BFS shortest path from the
+        player's cell. On slippery ice, one move per turn (seeing where each move lands): the
+        move that maximises the chance to reach the goal in the turns left (``slippery_plan``)."""
+        self._require_active("expert_action()")
+        if self.is_slippery:
+            if self._slippery_plan is None:
+                self._slippery_plan = slippery_plan(self._task, self.max_turns)
+            return self._slippery_plan[self.max_turns - self._turn][self._pos][1]
+        path = shortest_path(self._task, self._pos) or MOVES[:1]
+        return ", ".join(path[: self.moves_per_turn])
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """``moves_per_turn`` uniformly random moves."""
+        self._require_active("random_action()")
+        return random_moves(rng, self.moves_per_turn)
+
+    def weak_expert_action(self, rng: np.random.Generator) -> str:
+        """A warm-start player: the expert's moves with p=``WEAK_FOLLOW_PROB`` (0.4), else random.
+
+        Args:
+            rng: The player's own generator (the env's ``np_random`` is not touched).
+        """
+        self._require_active("weak_expert_action()")
+        return self.expert_action() if rng.random() < WEAK_FOLLOW_PROB else self.random_action(rng)
+
+
+def _user(content: str) -> Message:
+    return {"role": "user", "content": content}

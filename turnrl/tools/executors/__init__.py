@@ -1,0 +1,35 @@
+"""Tool executors: where and how tool calls run (in-process threads, a bubblewrap sandbox,
+docker containers, a remote tool service), all behind one ``Executor`` interface and run on
+one shared background event loop (``run_sync``)."""
+
+from turnrl.tools.executors.base import (
+    EXECUTORS,
+    Executor,
+    LimitHit,
+    Limits,
+    Program,
+    RunResult,
+    close_executors,
+    get_executor,
+)
+from turnrl.tools.executors.inprocess import InProcessExecutor
+from turnrl.tools.executors.loop import get_loop, run_sync
+from turnrl.tools.executors.sandbox import SandboxExecutor, SandboxUnavailable
+
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "InProcessExecutor",
+    "LimitHit",
+    "Limits",
+    "Program",
+    "RunResult",
+    "SandboxExecutor",
+    "SandboxUnavailable",
+    "close_executors",
+    "get_executor",
+    "get_loop",
+    "run_sync",
+]
+
+from turnrl.tools.executors import docker, remote  # noqa: E402,F401  (registers "docker" and "remote"; SDKs load on first use)

@@ -1,0 +1,334 @@
+"""The remote executor: tool calls sent over HTTP to a ``turnrl.tools.serve.ToolServer``.
+
+``remote_tools(url)`` fetches a server's tool list and builds ``Tool`` values that run there
+(``executor="remote"``); an env uses them like local tools, with
+``executor_options={"remote": {"url": url}}`` (or none: each such tool remembers its server).
+``RemoteExecutor`` POSTs each call to ``{url}/call`` with an ``httpx.AsyncClient``, one try
+at most ``timeout_s`` seconds, and retries connection errors, timeouts and 5xx answers with
+exponential backoff (never 4xx: the same request would be refused again). When every try
+failed the model gets an error result saying the tool service did not answer, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
+from urllib.parse import urlsplit
+
+from turnrl.tools.execute import ToolError, ToolResult
+from turnrl.tools.executors.base import EXECUTORS, Executor
+from turnrl.tools.parsers import ToolCall
+from turnrl.tools.tool import Tool
+
+if TYPE_CHECKING:  # httpx is imported on first use: registering the executor stays cheap
+    import httpx
+
+__all__ = ["RemoteExecutor", "RemoteFunction", "normalize_url", "remote_tools"]
+
+_ERROR_KINDS = frozenset(kind for kind in get_args(ToolError) if kind is not None)
+CLOSE_TIMEOUT_S = 2.0
+"""Seconds ``close_session`` waits for the server (it is best effort)."""
+
+
+def normalize_url(url: str) -> str:
+    """``url`` without trailing slashes, checked to be ``http(s)://host[:port][/prefix]``.
+
+    Raises:
+        ValueError: If ``url`` is not an http(s) URL with a host.
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"a tool service url must be a string such as 'http://127.0.0.1:8000', got {url!r}")
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"a tool service url must look like 'http://127.0.0.1:8000', got {url!r}")
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True)
+class RemoteFunction:
+    """The ``fn`` of a tool built by ``remote_tools``: it names where the tool runs and refuses
+    to run in-process (the function's code lives on the server)."""
+
+    name: str
+    url: str
+
+    @property
+    def __name__(self) -> str:  # type: ignore[override]  # like a function's, for messages
+        return self.name
+
+    def __call__(self, **arguments: Any) -> Any:
+        raise RuntimeError(
+            f"tool {self.name!r} runs on the tool service at {self.url} and cannot be called in-process; "
+            f"run it through an env (its executor is 'remote') or "
+            f"get_executor('remote', url={self.url!r}).arun(tool, call, session)"
+        )
+
+
+def remote_tools(url: str, *, timeout_s: float = 10.0) -> tuple[Tool, ...]:
+    """The tools served at ``url`` (``GET {url}/tools``), as ``Tool`` values with
+    ``executor="remote"`` whose schemas are the server's.
+
+    Args:
+        url: The server, e.g. ``ToolServer.url`` or ``"http://127.0.0.1:8000"``.
+        timeout_s: Seconds to wait for the list.
+
+    Returns:
+        The tools in the server's order.
+
+    Raises:
+        ValueError: If ``url`` is malformed or the server's answer is not a list of tool schemas.
+        ConnectionError: If the server does not answer (or answers with an HTTP error).
+    """
+    import httpx
+
+    base = normalize_url(url)
+    try:
+        response = httpx.get(f"{base}/tools", timeout=timeout_s, trust_env=False)
+        response.raise_for_status()
+        payload = response.json()
+    except httpx.HTTPStatusError as e:
+        raise ConnectionError(f"the tool service at {base} answered GET /tools with HTTP {e.response.status_code}") from None
+    except httpx.HTTPError as e:
+        raise ConnectionError(
+            f"cannot fetch the tool list from {base}/tools ({type(e).__name__}: {e}); is a server running "
+            f"there (python -m turnrl.tools.serve module:attr --port PORT)?"
+        ) from None
+    except ValueError:
+        raise ValueError(f"the tool service at {base} answered GET /tools with something that is not JSON") from None
+    if not isinstance(payload, list):
+        raise ValueError(f"GET {base}/tools must return a JSON list of tool schemas, got {type(payload).__name__}")
+    return tuple(_tool_from_schema(schema, base) for schema in payload)
+
+
+def _tool_from_schema(schema: Any, base: str) -> Tool:
+    function = schema.get("function") if isinstance(schema, dict) else None
+    if (
+        not isinstance(function, dict)
+        or not isinstance(function.get("name"), str)
+        or not isinstance(function.get("description", ""), str)
+        or not isinstance(function.get("parameters"), dict)
+    ):
+        raise ValueError(
+            f"{base}/tools holds {schema!r}, which is not a tool schema "
+            '{"type": "function", "function": {"name": str, "description": str, "parameters": object}}'
+        )
+    name = function["name"]
+    return Tool(
+        name=name,
+        description=function.get("description", ""),
+        parameters=function["parameters"],
+        fn=RemoteFunction(name, base),
+        executor="remote",
+    )
+
+
+@EXECUTORS.register("remote")
+class RemoteExecutor(Executor):
+    """Runs tool calls on a tool server over HTTP (see the module docstring).
+
+    Each try is one ``POST {url}/call`` of ``{"name", "arguments", "session"}``. Connection
+    errors, timeouts and 5xx answers are tried again after ``backoff_s``, ``2 * backoff_s``,
+    ``4 * backoff_s``, ... seconds, at most ``retries`` times; a 4xx answer is final (404 gives an
+    ``"unknown_tool"`` result with the server's list of names). A try that timed out may still
+    have run on the server, so a retried call can run twice: serve tools whose repeats are
+    harmless, or pass ``retries=0``. When all tries failed the result
+    is ``"timeout"`` (the last try timed out) or ``"exception"``, with a text saying the tool
+    service did not answer. A call therefore takes at most about
+    ``(retries + 1) * timeout_s + backoff_s * (2 ** retries - 1)`` seconds.
+
+    The ``httpx.AsyncClient`` (a keep-alive pool of up to ``max_concurrency`` connections) is
+    bound to the event loop it was made on; a call on another loop gets its own client.
+
+    Args:
+        url: The server (``ToolServer.url``). None: each tool's own server, which tools from
+            ``remote_tools`` carry in their ``fn``.
+        timeout_s: Seconds one try may take.
+        retries: Tries after the first one (0: no retry).
+        backoff_s: Seconds before the first retry; doubled for each next one.
+        max_concurrency: Calls in flight at once, over all sessions.
+
+    Raises:
+        ValueError: If ``url`` is malformed or a number is out of range.
+    """
+
+    kind = "remote"
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_concurrency: int = 8,
+    ) -> None:
+        super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0 (tries after the first), got {retries!r}")
+        if isinstance(backoff_s, bool) or not isinstance(backoff_s, (int, float)) or backoff_s < 0:
+            raise ValueError(f"backoff_s must be a number of seconds >= 0, got {backoff_s!r}")
+        self.url = None if url is None else normalize_url(url)
+        self.retries = retries
+        self.backoff_s = float(backoff_s)
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._sessions: dict[str, set[str]] = {}  # session -> server urls its calls went to
+        self._lock = threading.Lock()
+
+    def url_for(self, tool: Tool) -> str | None:
+        """The server that runs ``tool``: ``self.url``, else the tool's own (``RemoteFunction``)."""
+        if self.url is not None:
+            return self.url
+        return tool.fn.url if isinstance(tool.fn, RemoteFunction) else None
+
+    async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
+        url = self.url_for(tool)
+        if url is None:
+            return ToolResult(
+                call,
+                f"Error: tool {tool.name!r} has no tool service to run on; give the executor a url "
+                "(executor_options={'remote': {'url': ...}}) or build the tool with remote_tools(url).",
+                "exception",
+            )
+        with self._lock:
+            self._sessions.setdefault(session, set()).add(url)
+        import httpx
+
+        try:
+            body = json.dumps({"name": call.name, "arguments": call.arguments, "session": session}).encode()
+        except (TypeError, ValueError) as e:
+            return ToolResult(call, f"Error: the arguments of tool {tool.name!r} are not JSON: {e}", "exception")
+        headers = {"Content-Type": "application/json"}
+        async with self.slot():
+            client = self._client()
+            problem, kind = "", "exception"
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    response = await asyncio.wait_for(
+                        client.post(f"{url}/call", content=body, headers=headers, timeout=self.timeout_s),
+                        self.timeout_s,
+                    )
+                except (httpx.TimeoutException, asyncio.TimeoutError):
+                    problem, kind = f"no answer within {self.timeout_s} s", "timeout"
+                    continue
+                except httpx.TransportError as e:
+                    problem, kind = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, "exception"
+                    continue
+                except httpx.HTTPError as e:  # an answer that cannot be read: the same again would not be
+                    return ToolResult(call, f"Error: the tool service at {url} sent an answer that cannot be "
+                                            f"read ({type(e).__name__}: {e}).", "exception")
+                if response.status_code >= 500:
+                    problem, kind = f"HTTP {response.status_code}: {_server_message(response)}", "exception"
+                    continue
+                return _decode(response, call, url)
+        tries = self.retries + 1
+        return ToolResult(
+            call,
+            f"Error: tool {tool.name!r} is unavailable: the tool service at {url} did not answer after "
+            f"{tries} {'try' if tries == 1 else 'tries'} (last problem: {problem}). Try again later or "
+            "do without this tool.",
+            kind,  # type: ignore[arg-type]
+        )
+
+    def close_session(self, session: str) -> None:
+        """Ask the servers this session's calls went to to free its resources (best effort:
+        waits at most ``CLOSE_TIMEOUT_S`` per server and ignores failures)."""
+        with self._lock:
+            urls = self._sessions.pop(session, set())
+        if not urls:
+            return
+        import httpx
+
+        for url in sorted(urls):
+            try:
+                httpx.post(f"{url}/close_session", json={"session": session},
+                           timeout=min(self.timeout_s, CLOSE_TIMEOUT_S), trust_env=False)
+            except httpx.HTTPError:
+                pass
+
+    def close(self) -> None:
+        """Close the HTTP clients (those whose loop still runs are closed on it)."""
+        with self._lock:
+            clients, self._clients = dict(self._clients), {}
+            self._sessions.clear()
+        for loop, client in clients.items():
+            if loop.is_closed():
+                continue  # its sockets went with the loop
+            try:
+                if loop.is_running():
+                    future = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                    if _running_loop() is not loop:
+                        future.result(timeout=CLOSE_TIMEOUT_S)
+                else:
+                    loop.run_until_complete(client.aclose())
+            except Exception:  # best effort at shutdown
+                pass
+
+    def _client(self) -> httpx.AsyncClient:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            client = self._clients.get(loop)
+            if client is None:
+                limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+                client = httpx.AsyncClient(limits=limits, trust_env=False)
+                self._clients[loop] = client
+            return client
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _server_message(response: httpx.Response) -> str:
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(payload, Mapping) and isinstance(payload.get("message"), str):
+        return payload["message"]
+    return str(payload)[:200]
+
+
+def _decode(response: httpx.Response, call: ToolCall, url: str) -> ToolResult:
+    """The result of a final (non-5xx) answer."""
+    if response.status_code == 404:
+        message = _server_message(response)
+        if not message.startswith("Error:"):
+            message = f"Error: the tool service at {url} does not know tool {call.name!r}: {message}"
+        return ToolResult(call, message, "unknown_tool")
+    if response.status_code != 200:
+        return ToolResult(
+            call,
+            f"Error: the tool service at {url} refused the call (HTTP {response.status_code}: "
+            f"{_server_message(response)}).",
+            "exception",
+        )
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if (
+        not isinstance(payload, Mapping)
+        or not isinstance(payload.get("content"), str)
+        or not (payload.get("error") is None or payload.get("error") in _ERROR_KINDS)
+    ):
+        return ToolResult(
+            call,
+            f"Error: the tool service at {url} sent an answer that is not "
+            '{"content": str, "error": null or an error kind}; the call may not have run.',
+            "exception",
+        )
+    return ToolResult(call, payload["content"], payload["error"])

@@ -1,0 +1,444 @@
+"""Serve tools over HTTP: ``ToolServer`` and ``python -m turnrl.tools.serve module:attr``.
+
+The protocol (JSON over HTTP/1.1, what ``turnrl.tools.executors.remote`` speaks):
+
+- ``GET /tools`` -> 200, the list of ``tool.schema()``.
+- ``POST /call`` with ``{"name": str, "arguments": object, "session": str}`` (``arguments``
+  and ``session`` may be omitted: ``{}`` and ``""``) -> 200 ``{"content": str, "error":
+  null | str}``, where ``error`` is a ``ToolResult.error`` kind (``"bad_arguments"`` when the
+  arguments break the tool's schema, ``"exception"`` when the tool raised, ...). A malformed
+  body -> 400 ``{"error": "bad_request", "message": ...}`` saying what was wrong; an unknown
+  tool -> 404 ``{"error": "unknown_tool", "message": ..., "tools": [valid names]}``; a tool
+  that raised ``ToolUnavailable`` -> 503 ``{"error": "unavailable", "message": ...}`` (a
+  transient failure: clients retry).
+- ``POST /close_session`` with ``{"session": str}`` -> 200 ``{"closed": session}``: frees the
+  session's resources on the executors its calls used.
+
+Plain tools run in the request's thread (``ThreadingHTTPServer``: one thread per
+connection) with the same validation and error texts as ``execute_call``. A tool whose
+``executor`` is another kind (e.g. a ``sandbox`` code tool) runs on the shared executor of
+that kind (``get_executor(kind, **executor_options.get(kind, {}))``), so a server can host
+sandboxed code execution for remote clients. The server enforces no time limit of its own:
+clients time out (``RemoteExecutor.timeout_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import signal
+import socket
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from turnrl.tools.execute import ToolResult, check_call, run_validated
+from turnrl.tools.parsers import ToolCall
+from turnrl.tools.tool import Tool, tool, tool_map
+
+__all__ = ["MAX_BODY_BYTES", "ToolServer", "ToolUnavailable", "load_tools", "main"]
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest request body accepted (413 beyond)."""
+_CALL_KEYS = ("name", "arguments", "session")
+
+
+class ToolUnavailable(Exception):
+    """Raised by a served tool for a transient failure (its backend is down, overloaded...).
+
+    The server answers 503, which ``RemoteExecutor`` retries with backoff, instead of an
+    ``"exception"`` result the model would see at once.
+    """
+
+
+class _BadRequest(Exception):
+    """A request the server refuses: ``status`` and the JSON ``payload`` to send."""
+
+    def __init__(self, status: int, payload: dict) -> None:
+        super().__init__(payload.get("message", ""))
+        self.status = status
+        self.payload = payload
+
+
+class ToolServer:
+    """An HTTP server for a set of tools (see the module docstring for the protocol).
+
+    Usage: ``with ToolServer([calculator]) as server: remote_tools(server.url)``, or
+    ``server.start()`` ... ``server.stop()``.
+
+    Args:
+        tools: The tools to serve (distinct names).
+        host: Interface to bind; the loopback by default.
+        port: TCP port; 0 picks a free one (read it from ``url`` after ``start``).
+        executor_options: Executor kind -> options for ``get_executor``, used for tools whose
+            ``executor`` is not ``"inprocess"`` (e.g. ``{"sandbox": {"limits": {...}}}``).
+
+    Raises:
+        ValueError: If two tools share a name, or there are none.
+        TypeError: If an item of ``tools`` is not a ``Tool``.
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        executor_options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        tools = list(tools)
+        for item in tools:
+            if not isinstance(item, Tool):
+                raise TypeError(f"ToolServer serves Tool values (see turnrl.tools.tool), got {item!r}")
+        if not tools:
+            raise ValueError("ToolServer needs at least one tool to serve")
+        self.tools: dict[str, Tool] = tool_map(tools)
+        self.host = host
+        self.port = port
+        self.executor_options = {kind: dict(opts) for kind, opts in (executor_options or {}).items()}
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+        self._sessions: dict[str, set[str]] = {}  # session -> executor kinds its calls used
+        self._lock = threading.Lock()
+        self.status_counts: Counter[int] = Counter()
+        """HTTP status -> responses sent (e.g. ``status_counts[503]``), for monitoring."""
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server.
+
+        Raises:
+            RuntimeError: If the server is not started.
+        """
+        if self._httpd is None:
+            raise RuntimeError("ToolServer is not running; call start() (or use it as a context manager) first")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``."""
+        return self._httpd is not None
+
+    def start(self) -> ToolServer:
+        """Bind the port and serve in a daemon thread; returns ``self``.
+
+        Raises:
+            RuntimeError: If already running.
+            OSError: If the address cannot be bound (e.g. the port is taken).
+        """
+        if self._httpd is not None:
+            raise RuntimeError(f"ToolServer is already running at {self.url}")
+        httpd = _HTTPServer((self.host, self.port), _Handler)
+        httpd.tool_server = self  # type: ignore[attr-defined]  # read by _Handler
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="turnrl-tool-server", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving now: close the port and every open connection (calls in flight get a
+        closed connection, which clients see as a failure), and close the sessions' resources.
+        Idempotent."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+            sessions, self._sessions = dict(self._sessions), {}
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its handler
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for session, kinds in sessions.items():
+            self._close_on_executors(session, kinds)
+
+    def __enter__(self) -> ToolServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- request handling (called from the handler threads) -----------------------------------
+
+    def handle_call(self, body: Any) -> dict:
+        """Run the call described by a decoded ``/call`` body; the 200 payload.
+
+        Raises:
+            _BadRequest: For a malformed body (400), an unknown tool (404) or a tool that
+                raised ``ToolUnavailable`` (503).
+        """
+        call, session = _parse_call(body)
+        checked = check_call(call, self.tools)
+        if isinstance(checked, ToolResult):
+            if checked.error == "unknown_tool":
+                raise _BadRequest(404, {"error": "unknown_tool", "message": checked.content,
+                                        "tools": sorted(self.tools)})
+            return {"content": checked.content, "error": checked.error}
+        result = self._run(checked, call, session)
+        return {"content": result.content, "error": result.error}
+
+    def handle_close(self, body: Any) -> dict:
+        """Close a session named by a decoded ``/close_session`` body; the 200 payload."""
+        if not isinstance(body, dict) or set(body) != {"session"} or not isinstance(body["session"], str):
+            raise _BadRequest(400, {"error": "bad_request",
+                                    "message": 'the body must be a JSON object {"session": str}'})
+        session = body["session"]
+        with self._lock:
+            kinds = self._sessions.pop(session, set())
+        self._close_on_executors(session, kinds)
+        return {"closed": session}
+
+    def _run(self, chosen: Tool, call: ToolCall, session: str) -> ToolResult:
+        if chosen.executor == "inprocess":
+            return _run_here(chosen, call)
+        from turnrl.tools.executors import get_executor  # lazily: the executors import tools
+        from turnrl.tools.executors.loop import run_sync
+
+        try:
+            executor = get_executor(chosen.executor, **self.executor_options.get(chosen.executor, {}))
+        except Exception as e:  # unknown kind, or an executor that cannot start on this host
+            return ToolResult(call, f"Error: tool {chosen.name!r} cannot run on this server: {e}", "exception")
+        with self._lock:
+            self._sessions.setdefault(session, set()).add(chosen.executor)
+        return run_sync(executor.arun(chosen, call, session))
+
+    def _close_on_executors(self, session: str, kinds: Iterable[str]) -> None:
+        if not kinds:
+            return
+        from turnrl.tools.executors import get_executor
+
+        for kind in kinds:
+            try:
+                get_executor(kind, **self.executor_options.get(kind, {})).close_session(session)
+            except Exception:  # best effort: a failing close must not break the others
+                pass
+
+    def _count(self, status: int) -> None:
+        with self._lock:
+            self.status_counts[status] += 1
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+
+def _parse_call(body: Any) -> tuple[ToolCall, str]:
+    def bad(message: str) -> _BadRequest:
+        example = '{"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}'
+        return _BadRequest(400, {"error": "bad_request", "message": f"{message}; send e.g. {example}"})
+
+    if not isinstance(body, dict):
+        raise bad(f"the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(_CALL_KEYS))
+    if unknown:
+        raise bad(f"unknown keys {unknown}; the keys are {list(_CALL_KEYS)}")
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad(f'"name" must be a non-empty string, got {name!r}')
+    arguments = body.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise bad(f'"arguments" must be a JSON object, got {type(arguments).__name__}')
+    session = body.get("session", "")
+    if not isinstance(session, str):
+        raise bad(f'"session" must be a string, got {type(session).__name__}')
+    return ToolCall(name, arguments), session
+
+
+def _run_here(chosen: Tool, call: ToolCall) -> ToolResult:
+    """``run_validated`` in this thread, except that ``ToolUnavailable`` propagates (as 503)."""
+    unavailable: list[ToolUnavailable] = []
+
+    def fn(**arguments: Any) -> Any:
+        try:
+            return chosen.fn(**arguments)
+        except ToolUnavailable as e:
+            unavailable.append(e)
+            raise
+
+    result = run_validated(dataclasses.replace(chosen, fn=fn), call)
+    if unavailable:
+        message = f"tool {chosen.name!r} is temporarily unavailable: {unavailable[0]}"
+        raise _BadRequest(503, {"error": "unavailable", "message": message})
+    return result
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per connection (daemon threads: a slow tool never blocks ``stop``)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that broke (client gone, ``stop``) is not an error worth a traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One connection of a ``ToolServer`` (HTTP/1.1 keep-alive; idle connections close after
+    ``timeout`` seconds)."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "turnrl-tool-server"
+    timeout = 120
+
+    @property
+    def tool_server(self) -> ToolServer:
+        return self.server.tool_server  # type: ignore[attr-defined]
+
+    def setup(self) -> None:
+        super().setup()
+        self.tool_server._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.tool_server._track(self.connection, add=False)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/tools":
+            self._send(200, [t.schema() for t in self.tool_server.tools.values()])
+        else:
+            self._not_found()
+
+    def do_POST(self) -> None:
+        routes = {"/call": self.tool_server.handle_call, "/close_session": self.tool_server.handle_close}
+        route = routes.get(self.path.rstrip("/"))
+        try:
+            body = self._read_json()  # always read the body, so the connection stays usable
+            if route is None:
+                self._not_found()
+                return
+            self._send(200, route(body))
+        except _BadRequest as e:
+            self._send(e.status, e.payload)
+        except Exception as e:  # a server bug: say so, keep serving
+            self._send(500, {"error": "internal", "message": f"the tool server failed: {type(e).__name__}: {e}"})
+
+    def _read_json(self) -> Any:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise _BadRequest(411, {"error": "bad_request", "message": "send a Content-Length header with the JSON body"})
+        size = int(length)
+        if size > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _BadRequest(413, {"error": "bad_request",
+                                    "message": f"the body has {size} bytes; the limit is {MAX_BODY_BYTES}"})
+        raw = self.rfile.read(size)
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _BadRequest(400, {"error": "bad_request", "message": f"the body is not valid UTF-8 JSON: {e}"}) from None
+
+    def _not_found(self) -> None:
+        self._send(404, {"error": "not_found",
+                         "message": f"no route {self.command} {self.path}; use GET /tools, POST /call or POST /close_session"})
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        self.tool_server._count(status)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: one line per request on stderr would flood rollouts."""
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except OSError:  # the client (or ToolServer.stop) closed the connection
+            self.close_connection = True
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def load_tools(spec: str) -> list[Tool]:
+    """The tools named by ``"module:attr"``: a ``Tool``, a typed documented function (made a
+    tool with ``tool()``), or an iterable of those.
+
+    Raises:
+        ValueError: If ``spec`` is not ``module:attr``, the module or attribute does not exist,
+            or the attribute holds something else.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"tool spec {spec!r} must be 'module:attr', e.g. 'turnrl.tools.calculator:calculator'")
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"tool spec {spec!r}: cannot import {module_name!r}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"tool spec {spec!r}: {module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    items = [value] if isinstance(value, Tool) or callable(value) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise ValueError(f"tool spec {spec!r} names a {type(value).__name__}, not a Tool, function or list of them") from None
+    tools: list[Tool] = []
+    for item in items:
+        if isinstance(item, Tool):
+            tools.append(item)
+        elif callable(item):
+            tools.append(tool(item))
+        else:
+            raise ValueError(f"tool spec {spec!r} holds {item!r}, which is not a Tool or function")
+    return tools
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m turnrl.tools.serve SPEC [SPEC ...] [--host H] [--port P]``.
+
+    Prints ``serving NAMES at URL`` on one line once the port is bound, then serves until
+    SIGINT or SIGTERM.
+    """
+    parser = argparse.ArgumentParser(prog="python -m turnrl.tools.serve", description="Serve tools over HTTP.")
+    parser.add_argument("specs", nargs="+", metavar="module:attr", help="a Tool, a function or a list of them")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one, printed)")
+    args = parser.parse_args(argv)
+    try:
+        tools = [t for spec in args.specs for t in load_tools(spec)]
+        server = ToolServer(tools, host=args.host, port=args.port).start()
+    except (ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    print(f"serving {', '.join(server.tools)} at {server.url}", flush=True)
+    try:
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    from turnrl.tools.serve import main as _main  # the importable module, not this __main__ copy
+
+    raise SystemExit(_main())
