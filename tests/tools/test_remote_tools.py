@@ -298,3 +298,22 @@ def test_load_tools_specs():
         load_tools("turnrl.tools.calculator:nothing")
     with pytest.raises(ValueError, match="not a Tool, function or list"):
         load_tools("turnrl.tools.calculator:MAX_EXPRESSION_CHARS")
+
+
+def test_an_env_tool_is_sent_to_a_remote_server_chosen_in_config():
+    """CalcMath's calculator, executed by a real ToolServer because the env's kwargs say so."""
+    from turnrl.envs import CalcMathEnv
+
+    with ToolServer([calculator]) as server:
+        env = CalcMathEnv(num_ops=1, executors={"calculator": "remote"},
+                          executor_options={"remote": {"url": server.url}})
+        assert env.executor_for("calculator").kind == "remote"
+        env.reset(seed=0)
+        while True:
+            _, reward, terminated, truncated, info = env.step(env.expert_action())
+            if terminated or truncated:
+                break
+        assert info["success"] and reward == 1.0
+        assert server.status_counts.get(200, 0) >= 1  # the calls went over HTTP
+    with pytest.raises(ValueError, match="calculator"):
+        CalcMathEnv(executors={"calculater": "remote"})

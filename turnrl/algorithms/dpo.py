@@ -152,7 +152,8 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     rejected = beta * (policy_rejected - ref_rejected)
     h = chosen - rejected
     loss = -F.logsigmoid(h).mean()
-    stats = {"accuracy": float((h > 0).float().mean()), "margin": float(h.mean()) / beta,
+    h_ = h.detach()
+    stats = {"accuracy": float((h_ > 0).float().mean()), "margin": float(h_.mean()) / beta,
              "chosen_reward": float(chosen.mean()), "rejected_reward": float(rejected.mean())}
     return loss, stats
 

@@ -68,6 +68,8 @@ Version History:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import itertools
 import json
 import math
@@ -294,6 +296,9 @@ class CalcMathEnv(MultiTurnEnv):
             as a word problem; see the module docstring).
         max_turns: Turn limit; default ``num_ops + 3``.
         tool_parser: Parser name for the tool-call format.
+        executors: Tool name -> executor kind overriding the tool's own (e.g.
+            ``{"calculator": "remote"}`` with ``executor_options={"remote": {"url": ...}}``).
+        executor_options: Executor kind -> its options (``turnrl.tools.executors``).
     """
 
     tools = (calculator,)
@@ -306,6 +311,8 @@ class CalcMathEnv(MultiTurnEnv):
         style: str = "expression",
         max_turns: int | None = None,
         tool_parser: str = "hermes",
+        executors: Mapping[str, str] | None = None,
+        executor_options: Mapping[str, Mapping] | None = None,
     ) -> None:
         if not isinstance(max_operand, (int, np.integer)) or max_operand < 2:
             raise ValueError(f"max_operand must be an int >= 2, got {max_operand!r}")
@@ -316,7 +323,8 @@ class CalcMathEnv(MultiTurnEnv):
         self.style = style
         self.max_operand, self.num_ops = int(max_operand), int(num_ops)
         default_turns = self.num_ops + 3
-        super().__init__(tool_parser=tool_parser, max_turns=default_turns if max_turns is None else max_turns)
+        super().__init__(tool_parser=tool_parser, max_turns=default_turns if max_turns is None else max_turns,
+                         executors=executors, executor_options=executor_options)
         self._plan: tuple[Step, ...] = ()
         self._obtained: set[int] = set()
 

@@ -65,6 +65,8 @@ Version History:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import difflib
 import json
 import re
@@ -261,6 +263,8 @@ class RetrievalQAEnv(MultiTurnEnv):
         max_turns: int | None = None,
         tool_parser: str = "hermes",
         corpus_seed: int = CORPUS_SEED,
+        executors: Mapping[str, str] | None = None,
+        executor_options: Mapping[str, Mapping] | None = None,
     ) -> None:
         for name, value in (("min_hops", min_hops), ("max_hops", max_hops)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not MIN_HOPS <= value <= MAX_HOPS:
@@ -272,7 +276,8 @@ class RetrievalQAEnv(MultiTurnEnv):
         self.library = Library(self.world)
         self.tools = self.library.tools()
         self._fixed_max_turns = max_turns is not None
-        super().__init__(tool_parser=tool_parser, max_turns=2 * self.max_hops + 2 if max_turns is None else max_turns)
+        super().__init__(tool_parser=tool_parser, max_turns=2 * self.max_hops + 2 if max_turns is None else max_turns,
+                         executors=executors, executor_options=executor_options)
         self._system_prompt = system_prompt(self.tools, tool_parser)
         self._opened: set[str] = set()
         self._searched = False
