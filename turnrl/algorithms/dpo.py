@@ -154,7 +154,7 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     loss = -F.logsigmoid(h).mean()
     h_ = h.detach()
     stats = {"accuracy": float((h_ > 0).float().mean()), "margin": float(h_.mean()) / beta,
-             "chosen_reward": float(chosen.mean()), "rejected_reward": float(rejected.mean())}
+             "chosen_reward": float(chosen.detach().mean()), "rejected_reward": float(rejected.detach().mean())}
     return loss, stats
 
 
