@@ -45,7 +45,7 @@ from typing import Any
 
 from turnrl.tools.execute import ToolResult
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
-from turnrl.tools.executors.sandbox import FILE_SIGNS, MEMORY_SIGNS, PROCS_SIGNS, SIGNAL_EXITS
+from turnrl.tools.executors.verdict import OutputCap, verdict
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 
@@ -338,70 +338,13 @@ def launcher_argv(program: Program, limits: Limits) -> list[str]:
     return ["python3", "-I", "-S", "-c", LAUNCHER, *chunks]
 
 
-class OutputCap:
-    """stdout and stderr of one run, capped at ``cap`` bytes in all."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.total = 0
-        self.parts = (bytearray(), bytearray())
-        self.truncated = False
-
-    def add(self, which: int, chunk: bytes | None) -> bool:
-        """Keep what fits of ``chunk`` (0: stdout, 1: stderr); True once the cap is exceeded."""
-        if chunk:
-            room = self.cap - self.total
-            self.parts[which].extend(chunk[: max(room, 0)])
-            self.total += len(chunk)
-            if self.total > self.cap:
-                self.truncated = True
-        return self.truncated
-
-    def text(self, which: int) -> str:
-        return self.parts[which].decode("utf-8", errors="replace")
-
-
 def judge(output: OutputCap, exit_code: int | None, killed: LimitHit | None, duration: float,
           limits: Limits) -> RunResult:
-    """The ``RunResult`` of a run: which limit (if any) stopped it and the exit code.
-
-    ``exit_code`` is the exec's status (128 + n for signal n; None if unknown). ``killed`` is
-    the limit for which the executor killed the run; a run killed at ``wall_s`` whose error
-    text shows failed forks is reported as procs (a fork bomb whose survivors kept running).
-    Otherwise SIGXCPU means cpu, SIGXFSZ file, a SIGKILL the executor did not send the memory
-    cgroup's OOM killer, and the program's error text tells memory (MemoryError), procs
-    (EAGAIN on fork) and file (EFBIG).
-    """
-    stdout, stderr = output.text(0), output.text(1)
-    signal_name = SIGNAL_EXITS.get(exit_code - 128) if exit_code is not None and exit_code > 128 else None
-    limit: LimitHit | None = killed
-    if limit == "wall" and PROCS_SIGNS.search(stderr):
-        limit = "procs"
-    if limit is None:
-        if signal_name == "SIGXCPU":
-            limit = "cpu"
-        elif signal_name == "SIGXFSZ":
-            limit = "file"
-        elif signal_name == "SIGKILL":
-            limit = "memory"
-        elif MEMORY_SIGNS.search(stderr):
-            limit = "memory"
-        elif PROCS_SIGNS.search(stderr):
-            limit = "procs"
-        elif FILE_SIGNS.search(stderr):
-            limit = "file"
-    code = None if (killed is not None or signal_name is not None) else exit_code
-    if limit is not None:
-        explanation = limits.explain(limit)
-    elif signal_name is not None:
-        explanation = f"The program was killed by signal {signal_name}."
-    elif exit_code is None:
-        explanation = "The program's exit status is unknown (its container did not report it)."
-    else:
-        explanation = ""
-    if output.truncated and limit != "output":
-        explanation += f" (output truncated to {limits.output_bytes} bytes)"
-    return RunResult(stdout, stderr, code, limit, duration, explanation.strip())
+    """The ``RunResult`` of a run (``verdict.verdict``): ``exit_code`` is the exec's status
+    (128 + n for signal n; None if unknown); a SIGKILL the executor did not send is the
+    memory cgroup's OOM killer."""
+    return verdict(output, exit_code, killed, duration, limits, sigkill="memory",
+                   unknown_status="The program's exit status is unknown (its container did not report it).")
 
 
 class _ContainerGone(Exception):

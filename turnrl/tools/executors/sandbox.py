@@ -26,7 +26,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +39,7 @@ from typing import Any, Mapping
 
 from turnrl.tools.execute import ToolResult
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
+from turnrl.tools.executors.verdict import OutputCap, verdict
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 
@@ -87,14 +87,6 @@ except OSError as e:
     sys.stderr.write("cannot run %%r: %%s\n" %% (argv[0], e.strerror))
     sys.exit(127)
 """ % HEADER_DIGITS
-
-MEMORY_SIGNS = re.compile(r"MemoryError|Cannot allocate memory|cannot allocate memory|std::bad_alloc|out of memory")
-PROCS_SIGNS = re.compile(r"fork: .*Resource temporarily unavailable|BlockingIOError: \[Errno 11\]|"
-                         r"can't start new thread|Resource temporarily unavailable")
-FILE_SIGNS = re.compile(r"File too large|\[Errno 27\]|File size limit exceeded")
-SIGNAL_EXITS = {int(s): s.name for s in (signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV,
-                                         signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTERM)}
-
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing or cannot create the namespaces it needs on this machine."""
@@ -303,14 +295,11 @@ class SandboxExecutor(Executor):
         return str(len(header)).zfill(HEADER_DIGITS).encode() + header + program.stdin.encode()
 
 
-class _Output:
-    """stdout and stderr of one run, capped at ``cap`` bytes in all."""
+class _Output(OutputCap):
+    """``OutputCap`` fed from the sandbox's pipes; ``on_overflow`` kills the sandbox."""
 
     def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.total = 0
-        self.parts = (bytearray(), bytearray())
-        self.truncated = False
+        super().__init__(cap)
         self.on_overflow = lambda: None
 
     async def pump(self, stream: asyncio.StreamReader, which: int) -> None:
@@ -319,15 +308,9 @@ class _Output:
             chunk = await stream.read(READ_CHUNK)
             if not chunk:
                 return
-            room = self.cap - self.total
-            self.parts[which].extend(chunk[: max(room, 0)])
-            self.total += len(chunk)
-            if self.total > self.cap and not self.truncated:
-                self.truncated = True
+            was = self.truncated
+            if self.add(which, chunk) and not was:
                 self.on_overflow()  # kills the sandbox; keep draining to EOF so the pipes close
-
-    def text(self, which: int) -> str:
-        return self.parts[which].decode("utf-8", errors="replace")
 
 
 async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
@@ -341,32 +324,6 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
 
 
 def _judge(output: _Output, returncode: int, killed: LimitHit | None, duration: float, limits: Limits) -> RunResult:
-    """Decide the exit code and which limit (if any) stopped the run."""
-    stdout, stderr = output.text(0), output.text(1)
-    signal_name = SIGNAL_EXITS.get(returncode - 128) if returncode > 128 else None
-    if returncode < 0:
-        signal_name = signal.Signals(-returncode).name
-    limit: LimitHit | None = killed
-    if killed is not None and PROCS_SIGNS.search(stderr):
-        limit = "procs"  # a fork bomb's errors flood the output or outlive the clock: report the cause
-    elif limit is None:
-        if signal_name in ("SIGXCPU", "SIGKILL"):  # SIGKILL: the hard RLIMIT_CPU (we did not kill it)
-            limit = "cpu"
-        elif signal_name == "SIGXFSZ":
-            limit = "file"
-        elif MEMORY_SIGNS.search(stderr):
-            limit = "memory"
-        elif PROCS_SIGNS.search(stderr):
-            limit = "procs"
-        elif FILE_SIGNS.search(stderr):
-            limit = "file"
-    exit_code = None if (killed is not None or signal_name is not None) else returncode
-    if limit is not None:
-        explanation = limits.explain(limit)
-    elif signal_name is not None:
-        explanation = f"The program was killed by signal {signal_name}."
-    else:
-        explanation = ""
-    if output.truncated and limit != "output":
-        explanation += f" (output truncated to {limits.output_bytes} bytes)"
-    return RunResult(stdout, stderr, exit_code, limit, duration, explanation.strip())
+    """Decide the exit code and which limit (if any) stopped the run (``verdict.verdict``; an
+    unsent SIGKILL is the hard RLIMIT_CPU)."""
+    return verdict(output, returncode, killed, duration, limits, sigkill="cpu")
