@@ -105,13 +105,13 @@ def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
-@pytest.mark.parametrize("advantage", ["gae", "turn_gae"])
-def test_critic_based_ppo_trains_the_critic_beside_the_policy(tmp_path, advantage):
+@pytest.mark.parametrize("advantage, critic", [("gae", "separate"), ("turn_gae", "separate"), ("gae", "shared")])
+def test_critic_based_ppo_trains_the_critic_beside_the_policy(tmp_path, advantage, critic):
     # secrets in 1..6: even a barely warm-started policy wins often, so the value targets are not all 0
     cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}, steps=3, tasks_per_step=4,
                                        group_size=2))
     cfg.agent.warmstart.steps = 40
-    cfg.algorithm.update(dict(advantage=advantage, advantage_kwargs={"gamma": 1.0, "lam": 0.9}))
+    cfg.algorithm.update(dict(advantage=advantage, advantage_kwargs={"gamma": 1.0, "lam": 0.9}, critic=critic))
     train(OmegaConf.to_object(cfg), tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "value_loss" in r]

@@ -22,7 +22,7 @@ from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
-from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
+from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner, new_value_head
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
 from turnrl.algorithms.reward_model import RewardModel, RewardModelConfig, RewardModelTrainer, calibration
@@ -102,6 +102,18 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     if cfg.dpo.steps > 0:
         for i, metrics in enumerate(dpo_stage(cfg, model, renderer, collector), start=1):
             logger.log(i, metrics, prefix="dpo")
+    # critic-based estimators: a separate critic model, or a value head on the policy's backbone
+    critic = value_head = value_targets = None
+    if acfg.advantage in VALUE_TARGETS:
+        value_targets = VALUE_TARGETS.get(acfg.advantage)
+        if acfg.critic == "separate":
+            critic = CriticLearner(Critic.from_policy(model).to(tcfg.device), CriticConfig(
+                lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
+                micro_batch_size=tcfg.micro_batch_size))
+        elif acfg.critic == "shared":
+            value_head = new_value_head(model.config.hidden_size).to(tcfg.device)
+        else:
+            raise ValueError(f"algorithm.critic must be 'separate' or 'shared', got {acfg.critic!r}")
     learner = Learner(model, LearnerConfig(
         lr=tcfg.lr, max_grad_norm=tcfg.max_grad_norm, ppo_epochs=acfg.ppo_epochs,
         num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
@@ -109,13 +121,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
         temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
         dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
-    ))
-    critic = None
-    if acfg.advantage in VALUE_TARGETS:
-        critic = CriticLearner(Critic.from_policy(model).to(tcfg.device), CriticConfig(
-            lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
-            micro_batch_size=tcfg.micro_batch_size))
-        value_targets = VALUE_TARGETS.get(acfg.advantage)
+        vf_coef=acfg.vf_coef, value_clip=acfg.value_clip,
+    ), value_head=value_head)
     kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
     entropy_at = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end,
                          total=tcfg.steps)
@@ -156,12 +163,14 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
                 reward_kl = float(ref_kl.sum() / batch.loss_mask.sum().clamp(min=1.0))
                 batch, penalty = kl_penalized(batch, ref_kl, kl_ctl.value)
                 coefs["kl_reward_penalty"] = float(penalty.mean())
-            if critic is not None:
-                batch.values = critic.values(batch)
+            returns = None
+            if value_targets is not None:
+                batch.values = critic.values(batch) if critic is not None else learner.values(batch)
+                returns = value_targets(batch, **acfg.advantage_kwargs)
             advantages = score(batch)
-            update = learner.update(batch, advantages)
+            update = learner.update(batch, advantages, returns if value_head is not None else None)
             if critic is not None:
-                update.update(critic.update(batch, value_targets(batch, **acfg.advantage_kwargs), batch.values))
+                update.update(critic.update(batch, returns, batch.values))
             if reward_kl is not None:
                 update["kl"] = reward_kl
             kl_ctl.update(update["kl"], len(trajectories))

@@ -117,3 +117,25 @@ def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
     tis = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4, tis="token")).update(stale, advantages)
     assert tis["tis_weight"] == pytest.approx(math.exp(-0.1), abs=1e-3)
     assert tis["ratio"] == pytest.approx(1.0, abs=1e-3)  # with TIS the ratio is against the learner
+
+
+def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny_model):
+    from turnrl.algorithms.critic import new_value_head
+
+    model = copy.deepcopy(tiny_model)
+    head = new_value_head(model.config.hidden_size)
+    learner = Learner(model, LearnerConfig(lr=3e-3, vf_coef=1.0, value_clip=None), value_head=head)
+    assert learner.values(mixed_batch).abs().sum() == 0
+    targets = mixed_batch.scores[:, None] * mixed_batch.loss_mask
+    zero_adv = torch.zeros_like(mixed_batch.loss_mask)  # no policy gradient: only the value loss moves weights
+    losses = []
+    for _ in range(25):
+        batch = dataclasses.replace(mixed_batch, values=learner.values(mixed_batch))
+        losses.append(learner.update(batch, zero_adv, returns=targets)["value_loss"])
+    assert losses[-1] < 0.5 * losses[0]
+    # the value loss reached the shared backbone: the policy's logprobs changed although A = 0
+    before = learner.score(mixed_batch)
+    fresh = Learner(copy.deepcopy(tiny_model), LearnerConfig()).score(mixed_batch)
+    assert not torch.allclose(before, fresh)
+    with pytest.raises(ValueError, match="returns"):
+        learner.update(mixed_batch, zero_adv)

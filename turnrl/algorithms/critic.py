@@ -1,5 +1,6 @@
 """The critic for PPO/GAE: a separate model (decoder backbone + linear value head) and its
-clipped value-loss update."""
+clipped value-loss update. (A value head on the policy's own backbone is trained by the
+``Learner`` itself, in the policy's forward: ``Learner(value_head=new_value_head(H))``.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from dataclasses import dataclass
 import torch
 
 from turnrl.algorithms.batch import TrainBatch
+
+
+def new_value_head(hidden_size: int) -> torch.nn.Linear:
+    """A linear value head ``[.., H] -> [.., 1]`` that starts at zero (predicts 0 everywhere)."""
+    head = torch.nn.Linear(hidden_size, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    return head
 
 
 class Critic(torch.nn.Module):
@@ -26,9 +35,7 @@ class Critic(torch.nn.Module):
     def __init__(self, backbone: torch.nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
-        self.head = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(self.head.weight)
-        torch.nn.init.zeros_(self.head.bias)
+        self.head = new_value_head(hidden_size)
 
     @classmethod
     def from_policy(cls, policy) -> "Critic":

@@ -39,6 +39,8 @@ class LearnerConfig:
     log_ratio_clip: float = 20.0  # |log ratio| is clamped to this before exp
     tis: str = "none"  # truncated importance sampling vs the sampler: none, token or sequence
     tis_cap: float = 2.0  # upper truncation of the TIS ratio
+    vf_coef: float = 0.5  # weight of the value loss of a shared value head
+    value_clip: float | None = 0.2  # PPO value clipping of the shared value head (None = off)
 
 
 class Learner:
@@ -47,12 +49,19 @@ class Learner:
     Args:
         model: the policy (trained in place).
         cfg: learner settings.
+        value_head: a value head sharing the policy's backbone (``value_head(hidden [M, H]) ->
+            [M, 1]``), trained in the same forward and backward with ``vf_coef`` times the
+            clipped value loss; None for no shared critic (a separate critic model has its
+            own ``CriticLearner``).
     """
 
-    def __init__(self, model, cfg: LearnerConfig):
+    def __init__(self, model, cfg: LearnerConfig, value_head: torch.nn.Module | None = None):
         self.model = model
         self.cfg = cfg
+        self.value_head = value_head
         params = [p for p in model.parameters() if p.requires_grad]
+        if value_head is not None:
+            params += [p for p in value_head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         if cfg.kl_placement not in PLACEMENTS:
             raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {cfg.kl_placement!r}")
@@ -64,12 +73,15 @@ class Learner:
         self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator)
         self.aggregate = AGGREGATIONS.get(cfg.loss_agg)
 
-    def update(self, batch: TrainBatch, advantages: torch.Tensor) -> dict[str, float]:
+    def update(self, batch: TrainBatch, advantages: torch.Tensor, returns: torch.Tensor | None = None
+               ) -> dict[str, float]:
         """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch.
 
         Args:
             batch: ``N`` collated trajectories.
             advantages: ``[N, T]`` per-token advantages (0 off the loss mask).
+            returns: ``[N, T]`` value targets, with a shared value head (whose old values are
+                ``batch.values``).
 
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
@@ -78,9 +90,12 @@ class Learner:
         """
         if advantages.shape != batch.loss_mask.shape:
             raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
+        if self.value_head is not None and (returns is None or batch.values is None):
+            raise ValueError("a learner with a shared value head needs returns and batch.values (old values)")
         cfg, n = self.cfg, len(batch)
         device = next(self.model.parameters()).device
         batch, advantages = batch.to(device), advantages.to(device)
+        returns = None if returns is None else returns.to(device)
         self.model.train()
         minibatches = torch.arange(n, device=device).chunk(max(1, min(cfg.num_minibatches, n)))
         # the sampler/learner mismatch is measured on the learner's logprobs before any step:
@@ -96,23 +111,32 @@ class Learner:
         grad_norms, extremes = [], {"ratio_max": 0.0, "ratio_min": float("inf")}
         for epoch in range(cfg.ppo_epochs):
             sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
-                                     "ratio", "tokens")}
+                                     "ratio", "tokens", "value_loss", "value_clipped")}
             for m, rows in enumerate(minibatches):
                 measure = mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
                 weights = torch.zeros_like(batch.loss_mask)
                 weights[rows] = self.aggregate(batch.loss_mask[rows])
+                value_weights = batch.loss_mask / batch.loss_mask[rows].sum().clamp(min=1.0)
                 for micro in rows.split(cfg.micro_batch_size):
                     isw = None if is_weights is None else is_weights[micro]
+                    value_args = None if returns is None else (returns[micro], value_weights[micro])
                     self._backward(batch.rows(micro), advantages[micro], weights[micro], sums, isw, extremes,
-                                   measure)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+                                   measure, value_args)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self._params(), cfg.max_grad_norm)))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         tokens = max(sums.pop("tokens"), 1.0)
         pg_loss = sums.pop("pg_loss") / len(minibatches)
+        value_loss = sums.pop("value_loss") / len(minibatches)
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics["pg_loss"] = pg_loss
         metrics["clip_frac"] = metrics.pop("clipped")
+        value_clipped = metrics.pop("value_clipped")
+        if self.value_head is not None:  # of the last pass: mean over minibatches, clip fraction per token
+            metrics["value_loss"] = value_loss
+            metrics["value_clip_frac"] = value_clipped
+            on = batch.loss_mask.bool()
+            metrics["value_mean"] = float(batch.values[on].mean()) if on.any() else 0.0
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         measured = max(mismatch.pop("tokens"), 1.0)
         metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
@@ -122,6 +146,26 @@ class Learner:
             metrics["tis_weight"] = float(is_weights.sum()) / max(float(batch.loss_mask.sum()), 1.0)
         metrics.update(extremes)
         return metrics
+
+    def _params(self):
+        params = list(self.model.parameters())
+        return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """``[N, T]`` values of the shared value head (no gradient); 0 off the loss mask."""
+        if self.value_head is None:
+            raise RuntimeError("this learner has no shared value head")
+        device = next(self.model.parameters()).device
+        out = torch.zeros_like(batch.loss_mask)
+        for micro in torch.arange(len(batch)).split(self.cfg.micro_batch_size):
+            mb = batch.rows(micro).to(device)
+            _, _, (hidden, rows, cols) = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
+                                                        self.cfg.temperature, score_mask=mb.loss_mask,
+                                                        return_hidden=True)
+            v = torch.zeros_like(mb.loss_mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
+            out[micro] = v.to(out.device)
+        return out
 
     @torch.no_grad()
     def score(self, batch: TrainBatch, model=None) -> torch.Tensor:
@@ -150,13 +194,15 @@ class Learner:
         return self.kl_fn(self.score(batch), self.score(batch, self.ref_model)) * batch.loss_mask
 
     def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, sums: dict,
-                  is_weights: torch.Tensor | None, extremes: dict, measure: dict | None) -> None:
+                  is_weights: torch.Tensor | None, extremes: dict, measure: dict | None,
+                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg = self.cfg
         mask = mb.loss_mask
-        logprobs, entropy = token_logprobs(
+        scored = token_logprobs(
             self.model, mb.input_ids, mb.attention_mask, cfg.temperature,
-            with_entropy=True, score_mask=mask,
+            with_entropy=True, score_mask=mask, return_hidden=value_args is not None,
         )
+        logprobs, entropy = scored[0], scored[1]
         if measure is not None:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = ppo_clip_loss(
@@ -177,6 +223,19 @@ class Learner:
             kl = self.kl_fn(logprobs, ref_logprobs)
             kl_sum = float((kl.detach() * mask).sum())
             loss = loss + cfg.kl_coef * (kl * weights).sum()
+        if value_args is not None:  # the shared value head, on the same forward's hidden states
+            returns, value_weights = value_args
+            hidden, rows, cols = scored[2]
+            v = torch.zeros_like(mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
+            err = (v - returns) ** 2
+            if cfg.value_clip is not None:
+                v_clip = mb.values + (v - mb.values).clamp(-cfg.value_clip, cfg.value_clip)
+                err_clip = (v_clip - returns) ** 2
+                sums["value_clipped"] += float(((err_clip > err).float() * mask).sum())
+                err = torch.maximum(err, err_clip)
+            value_loss = 0.5 * (err * value_weights).sum()
+            loss = loss + cfg.vf_coef * value_loss
+            sums["value_loss"] += value_loss.item()
         loss.backward()
         sums["pg_loss"] += pg_loss.item()
         sums["entropy"] += float((entropy.detach() * mask).sum())

@@ -24,7 +24,8 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     score_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return_hidden: bool = False,
+):
     """Logprob of every token given the tokens before it.
 
     Args:
@@ -38,12 +39,21 @@ def token_logprobs(
             LM head and softmax run on those positions alone: in multi-turn episodes most
             tokens are observations), and every other entry of the outputs is 0.
 
+        return_hidden: also return ``(hidden [M, H], rows [M], cols [M])``: the decoder's
+            hidden state that predicts each scored token (position ``col - 1``), with
+            gradient, for a value head sharing the policy's forward. Needs ``score_mask``
+            and a model with a separate decoder and LM head.
+
     Returns:
         ``logprobs [N, T]`` where ``logprobs[:, t] = log p(ids[t] | ids[:t])`` and column 0
-        is 0; and ``entropy [N, T]`` (aligned the same way) or None.
+        is 0; and ``entropy [N, T]`` (aligned the same way) or None; with ``return_hidden``
+        a third element as described above.
     """
     n, t = input_ids.shape
     parts = _hidden_and_head(model) if score_mask is not None else None
+    if return_hidden and parts is None:
+        raise ValueError("return_hidden needs score_mask and a model with a separate decoder and LM head "
+                         "(a shared value head reads the decoder's hidden states)")
     if parts is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
@@ -63,7 +73,8 @@ def token_logprobs(
     target = score_mask.clone().bool()
     target[:, 0] = False  # the first token has no context
     rows, cols = target.nonzero(as_tuple=True)
-    logits = head(hidden[rows, cols - 1]).float() / temperature  # [M, V]
+    picked_hidden = hidden[rows, cols - 1]  # [M, H]
+    logits = head(picked_hidden).float() / temperature  # [M, V]
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, input_ids[rows, cols][:, None]).squeeze(-1)
     out = torch.zeros((n, t), dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
@@ -71,4 +82,6 @@ def token_logprobs(
     if with_entropy:
         ent = -(logp_all.exp() * logp_all).sum(-1)
         entropy = torch.zeros_like(out).index_put((rows, cols), ent)
+    if return_hidden:
+        return out, entropy, (picked_hidden, rows, cols)
     return out, entropy

@@ -130,7 +130,13 @@ class AlgorithmConfig:
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
     # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
     loss_agg: str = "token-mean"
-    # critic-based estimators (gae, turn_gae): Adam learning rate of the critic model
+    # critic-based estimators (gae, turn_gae): "separate" (a critic model: a copy of the
+    # policy's backbone + value head) or "shared" (a value head on the policy's own backbone,
+    # trained in the policy's forward with vf_coef)
+    critic: str = "separate"
+    # weight of the value loss of a shared value head
+    vf_coef: float = 0.5
+    # Adam learning rate of a separate critic model
     critic_lr: float = 1e-3
     # PPO value clipping around the old values (null = off)
     value_clip: Optional[float] = 0.2
