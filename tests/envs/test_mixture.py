@@ -246,6 +246,12 @@ def test_collector_routes_every_row_to_its_own_sub_env(policy_model, tokenizer, 
         assert t.state_keys[0] == info["state_key"] and all(k[0] == name for k in t.state_keys)
         assert t.error is None and t.termination in ("terminated", "truncated", "context_length")
     assert [t.task_id.split(":")[0] for t in trajectories] == [GUESS, GUESS, CALC, CALC] * 2
+    assert [t.env_id for t in trajectories] == [GUESS, GUESS, CALC, CALC] * 2
+    from turnrl.rollout.metrics import rollout_metrics
+
+    metrics = rollout_metrics(trajectories)  # each sub-env's own figures
+    assert metrics[f"episodes@{GUESS}"] == 4 and metrics[f"episodes@{CALC}"] == 4
+    assert metrics[f"success@{GUESS}"] == sum(t.success for t in trajectories if t.env_id == GUESS) / 4
 
 
 def test_hydra_group_file_builds_the_env():

@@ -40,6 +40,7 @@ class _Episode:
     termination: str | None = None
     error: str | None = None
     verifier_reward: float | None = None
+    env_id: str | None = None
 
 
 class RolloutCollector:
@@ -100,7 +101,7 @@ class RolloutCollector:
                     continue
                 conv = self.renderer.start(list(obs))
                 episodes.append(_Episode(env, conv, group_id, str(info.get("task_id", task.seed)),
-                                         state_keys=[info.get("state_key")]))
+                                         state_keys=[info.get("state_key")], env_id=info.get("env_id")))
         live = [ep for ep in episodes if ep.termination is None]
         workers = min(self.env_workers, len(live))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="turnrl-env") if workers > 1 else _Inline()
@@ -153,6 +154,7 @@ class RolloutCollector:
             messages=c.messages, state_keys=ep.state_keys[: len(c.turn_spans)],
             tool_calls=ep.tool_calls, tool_errors=ep.tool_errors, parse_errors=ep.parse_errors,
             length_truncated_turns=ep.length_truncated_turns, error=ep.error, verifier_reward=ep.verifier_reward,
+            env_id=ep.env_id,
         )
 
 

@@ -17,7 +17,8 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """Means over the batch: reward, success, turns, tokens, tool and truncation rates; with a
-    learned reward model also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier)."""
+    learned reward model also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier);
+    for a mixture env ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
     n = max(len(trajectories), 1)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
@@ -42,4 +43,12 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     if verified:  # a learned reward model gave the rewards: watch it against the verifier
         out["verifier_reward"] = sum(t.verifier_reward for t in verified) / len(verified)
         out["proxy_verifier_gap"] = sum(t.reward - t.verifier_reward for t in verified) / len(verified)
+    by_env: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if t.env_id is not None:
+            by_env.setdefault(t.env_id, []).append(t)
+    for env_id, group in sorted(by_env.items()):  # a mixture: each sub-env's own figures
+        out[f"success@{env_id}"] = sum(t.success for t in group) / len(group)
+        out[f"reward@{env_id}"] = sum(t.reward for t in group) / len(group)
+        out[f"episodes@{env_id}"] = float(len(group))
     return out

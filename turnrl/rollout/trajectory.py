@@ -34,6 +34,8 @@ class Trajectory:
         error: the exception text when ``termination == "env_error"``.
         verifier_reward: the env's own return when the rewards came from a learned reward
             model (``info["verifier_reward"]`` of the last step); None otherwise.
+        env_id: the sub-env of a mixture that played the episode (``info["env_id"]`` at
+            reset); None for a single env.
     """
 
     token_ids: list[int]
@@ -53,6 +55,7 @@ class Trajectory:
     length_truncated_turns: int = 0
     error: str | None = None
     verifier_reward: float | None = None
+    env_id: str | None = None
 
     @property
     def reward(self) -> float:
