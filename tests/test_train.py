@@ -156,3 +156,26 @@ def test_rlhf_path_rewards_rl_with_a_learned_reward_model_and_logs_the_gap(tmp_p
     assert len(train_rows) == 2
     for r in train_rows:  # the RL reward is the proxy; the verifier's is logged beside it
         assert r["proxy_verifier_gap"] == pytest.approx(r["reward"] - r["verifier_reward"])
+
+
+def test_training_runs_data_parallel_under_accelerate_launch(tmp_path):
+    """The README's command: 2 CPU processes (gloo), the main one writes the run's outputs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    accelerate = Path(sys.executable).parent / "accelerate"
+    command = [str(accelerate), "launch", "--config_file", str(root / "turnrl/conf/accelerate/cpu_2proc.yaml"),
+               "-m", "turnrl.train", "trainer.accelerate=true", "trainer.steps=2", "trainer.eval_every=2",
+               "trainer.eval_episodes=8", "trainer.tasks_per_step=2", "trainer.group_size=2",
+               "agent.warmstart.steps=5", "agent.tokenizer.corpus_episodes=20", "trainer.threads=1",
+               "trainer.progress=false", "trainer.tensorboard=false", f"hydra.run.dir={tmp_path}"]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert (tmp_path / "summary.txt").exists() and (tmp_path / "rank1").is_dir()
+    assert not (tmp_path / "rank1" / "summary.txt").exists()  # only the main process writes

@@ -1,5 +1,5 @@
-"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines`` and
-``serve-env <env-id>``.
+"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
+``serve-env <env-id>`` and ``serve-policy --path CHECKPOINT``.
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
@@ -85,6 +85,27 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=_positive_int, default=1024,
                        help="most sessions open at once (default 1024)")
     serve.set_defaults(run=_serve_env)
+
+    policy = commands.add_parser(
+        "serve-policy", help="serve a checkpoint over an OpenAI-compatible HTTP API (for OpenAIPolicy)",
+        description="Serve a transformers checkpoint with turnrl.agents.policy_server (/v1/models, /v1/completions "
+                    "with token-id prompts and logprobs, /v1/chat/completions). Prints 'serving policy at "
+                    "http://HOST:PORT' once listening; stops cleanly on SIGINT/SIGTERM.",
+    )
+    policy.add_argument("--path", required=True, help="checkpoint folder (save_pretrained of a model and tokenizer)")
+    policy.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0: all)")
+    policy.add_argument("--port", type=_port, default=0, help="TCP port (default 0: a free port, printed)")
+    policy.add_argument("--served-model-name", default=None, help="model name clients send (default: --path)")
+    policy.add_argument("--dtype", default="float32", help="dtype to load the weights in (default float32)")
+    policy.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    policy.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (default 0)")
+    policy.add_argument("--max-batch", type=_positive_int, default=64, help="most rows per generate call (default 64)")
+    policy.add_argument("--batch-window-ms", type=float, default=5.0,
+                        help="how long to gather concurrent requests into one batch (default 5)")
+    policy.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    policy.add_argument("--api-key-env", default=None, metavar="VAR",
+                        help="require the API key held in this environment variable (default: no key)")
+    policy.set_defaults(run=_serve_policy)
     return parser
 
 
@@ -135,6 +156,52 @@ def _serve_env(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     try:
         print(f"serving {args.env_id} at {server.url}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+def _serve_policy(args: argparse.Namespace) -> int:
+    import os
+
+    if os.path.isdir(args.path) and not os.path.isfile(os.path.join(args.path, "config.json")):
+        print(f"turnrl serve-policy: error: {args.path!r} holds no config.json: not a checkpoint saved with "
+              "save_pretrained (a model and its tokenizer)", file=sys.stderr)
+        return EXIT_USAGE
+    import torch
+
+    from turnrl.agents.model import load_pretrained
+    from turnrl.agents.policy_server import PolicyServer
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(f"turnrl serve-policy: error: --api-key-env {args.api_key_env} names an unset or empty variable",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        model, tokenizer = load_pretrained(args.path, dtype=args.dtype)
+        server = PolicyServer(model.to(args.device).eval(), tokenizer, host=args.host, port=args.port,
+                              model_name=args.served_model_name or args.path, max_batch=args.max_batch,
+                              batch_window_s=args.batch_window_ms / 1000, seed=args.seed, api_key=api_key)
+    except (OSError, ValueError) as e:
+        print(f"turnrl serve-policy: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+    except OSError as e:
+        print(f"turnrl serve-policy: error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        print(f"serving policy at {server.url}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:

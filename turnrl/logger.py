@@ -20,9 +20,11 @@ class RunLogger:
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"))
 
-    def log(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
-        self._jsonl.write(json.dumps({"step": step, "kind": prefix, **metrics}) + "\n")
-        self._jsonl.flush()
+    def log(self, step: int, metrics: dict[str, float], prefix: str = "train", jsonl: bool = True) -> None:
+        """Log one row; ``jsonl=False`` writes TensorBoard only (replaying a restored log)."""
+        if jsonl:
+            self._jsonl.write(json.dumps({"step": step, "kind": prefix, **metrics}) + "\n")
+            self._jsonl.flush()
         if self._tb is not None:
             for key, value in metrics.items():
                 self._tb.add_scalar(f"{prefix}/{key}", value, step)

@@ -2,6 +2,11 @@
 
 Reads top to bottom: set-up, the warm start, the loop, and the wrap-up (checkpoint,
 curve, table). Everything it builds comes from one ``Config``.
+
+Resuming (``trainer.resume``) restores a checkpoint of ``turnrl.checkpoint`` in place of the
+warm start, DPO and reward-model stages, and the loop goes on from the checkpoint's step: the
+metrics log, the held-out history, every module, optimizer and RNG state are those of the
+uninterrupted run at that step, so the rest of the run is the same, step for step.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from turnrl.agents.hf_policy import TransformersPolicy
+from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
@@ -30,7 +37,10 @@ from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.build import advantage_fn, build_agent, env_factory
+from turnrl.checkpoint import (Checkpoint, TrainingState, checkpoint_steps, global_rng_state, read_checkpoint,
+                               resolve_resume, restore_log, set_global_rng_state, write_checkpoint)
 from turnrl.conf.schema import Config
+from turnrl.distributed import all_reduce, shard_list
 from turnrl.envs.reward_model import RewardModelReward
 from turnrl.evaluate import evaluate, heldout_tasks
 from turnrl.logger import RunLogger
@@ -64,42 +74,87 @@ class TrainResult:
 def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None] | None = None) -> TrainResult:
     """Run warm start + RL as configured; write logs, curve, table and checkpoint to ``run_dir``.
 
+    With ``trainer.checkpoint_every`` it also saves resumable checkpoints into
+    ``run_dir/checkpoints``; with ``trainer.resume`` it continues from one instead of running
+    the warm start, DPO and reward-model stages (see ``turnrl.checkpoint``).
+
     Args:
         cfg: the composed config.
         run_dir: output folder (the Hydra run dir from the CLI).
-        on_rl_start: called with the model after the warm start, before the first RL step.
+        on_rl_start: called with the model after the warm start (or after restoring a
+            checkpoint), before this process's first RL step.
+
+    Raises:
+        ValueError: On bad checkpoint settings, or a ``trainer.resume`` that names no
+            checkpoint or conflicts with newer checkpoints in ``run_dir``.
     """
     run_dir = Path(run_dir)
     tcfg, acfg = cfg.trainer, cfg.algorithm
+    if tcfg.checkpoint_every < 0 or tcfg.keep_checkpoints < 1:
+        raise ValueError(f"trainer.checkpoint_every must be >= 0 (0 = off) and trainer.keep_checkpoints >= 1, got "
+                         f"{tcfg.checkpoint_every} and {tcfg.keep_checkpoints}")
+    resumed = _checkpoint_to_resume(cfg, run_dir)
     # ---------------------------------------------------------------- set-up
+    # under `accelerate launch` (trainer.accelerate): every process runs this function; each
+    # collects its share of a step's tasks, the learner is data-parallel, the main one writes
+    accelerator, rank, world = None, 0, 1
+    if tcfg.accelerate:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=tcfg.device == "cpu")
+        rank, world = accelerator.process_index, accelerator.num_processes
+        if tcfg.tasks_per_step < world:
+            raise ValueError(f"trainer.tasks_per_step={tcfg.tasks_per_step} < {world} processes: "
+                             "each process needs at least one task per step")
+        if acfg.advantage in VALUE_TARGETS and acfg.critic == "separate":
+            raise ValueError("trainer.accelerate trains the policy data-parallel; use algorithm.critic=shared "
+                             "(the separate critic's learner is single-process)")
+    main = rank == 0
+    device = tcfg.device if accelerator is None else accelerator.device
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(cfg.seed)
     env_fn = env_factory(cfg)
-    model, tokenizer = build_agent(cfg, env_fn)
-    model.to(tcfg.device)
+    if resumed is None:
+        model, tokenizer = build_agent(cfg, env_fn)
+    else:  # the policy as it was at the checkpoint, and the run's log up to it
+        model, tokenizer = load_pretrained(str(resumed.model_dir), resumed.state.dtype)
+        model.train(resumed.state.model_training)
+        if main:
+            restore_log(run_dir, resumed)
+    model.to(device)
     renderer = ChatRenderer(tokenizer)
     score = advantage_fn(cfg)
-    logger = RunLogger(run_dir, tensorboard=tcfg.tensorboard)
+    logger = RunLogger(run_dir if main else run_dir / f"rank{rank}", tensorboard=tcfg.tensorboard and main)
+    if resumed is not None and tcfg.tensorboard:  # the restored log, into fresh TensorBoard events
+        for row in resumed.log_rows():
+            step, kind = row.pop("step"), row.pop("kind")
+            logger.log(step, row, prefix=kind, jsonl=False)
     log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
 
     # ---------------------------------------------------------------- warm start
-    ws = cfg.agent.warmstart
-    ws_losses = warm_start(model, renderer, env_fn(), ws.steps, ws.batch_size, ws.lr, ws.player,
-                           seed=cfg.seed, progress=tcfg.progress)
-    if ws_losses:
-        log.info("warm start: %d steps, loss %.3f -> %.3f", len(ws_losses), ws_losses[0], ws_losses[-1])
+    if resumed is None:
+        ws = cfg.agent.warmstart
+        ws_losses = warm_start(model, renderer, env_fn(), ws.steps, ws.batch_size, ws.lr, ws.player,
+                               seed=cfg.seed, progress=tcfg.progress)
+        if ws_losses:
+            log.info("warm start: %d steps, loss %.3f -> %.3f", len(ws_losses), ws_losses[0], ws_losses[-1])
 
-    policy = TransformersPolicy(model, tokenizer, seed=cfg.seed)
-    train_env_fn = env_fn
+    policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + rank)
+    train_env_fn, reward_model = env_fn, None
     if cfg.reward_model.steps > 0:  # RL is rewarded by a learned model; evaluation keeps the verifier
-        reward_model, report = reward_model_stage(cfg, model, renderer, env_fn)
-        logger.log(0, report, prefix="reward_model")
+        if resumed is None:
+            reward_model, report = reward_model_stage(cfg, model, renderer, env_fn)
+            logger.log(0, report, prefix="reward_model")
+        else:
+            reward_model = RewardModel.from_policy(model, tokenizer.pad_token_id)
+            reward_model.load_state_dict(resumed.module("reward_model"))
+            reward_model.eval().requires_grad_(False)
         train_env_fn = partial(_rm_env, env_fn, reward_model, renderer)
     collector = RolloutCollector(train_env_fn, policy, renderer, cfg.agent.max_context_tokens, tcfg.env_workers)
     eval_collector = RolloutCollector(env_fn, policy, renderer, cfg.agent.max_context_tokens, tcfg.env_workers)
     # ---------------------------------------------------------------- preference stage (optional)
-    if cfg.dpo.steps > 0:
+    if cfg.dpo.steps > 0 and resumed is None:
         for i, metrics in enumerate(dpo_stage(cfg, model, renderer, collector), start=1):
             logger.log(i, metrics, prefix="dpo")
     # critic-based estimators: a separate critic model, or a value head on the policy's backbone
@@ -107,11 +162,11 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     if acfg.advantage in VALUE_TARGETS:
         value_targets = VALUE_TARGETS.get(acfg.advantage)
         if acfg.critic == "separate":
-            critic = CriticLearner(Critic.from_policy(model).to(tcfg.device), CriticConfig(
+            critic = CriticLearner(Critic.from_policy(model).to(device), CriticConfig(
                 lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
                 micro_batch_size=tcfg.micro_batch_size))
         elif acfg.critic == "shared":
-            value_head = new_value_head(model.config.hidden_size).to(tcfg.device)
+            value_head = new_value_head(model.config.hidden_size).to(device)
         else:
             raise ValueError(f"algorithm.critic must be 'separate' or 'shared', got {acfg.critic!r}")
     learner = Learner(model, LearnerConfig(
@@ -121,8 +176,9 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
         temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
         dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
-        vf_coef=acfg.vf_coef, value_clip=acfg.value_clip,
-    ), value_head=value_head)
+        vf_coef=acfg.vf_coef, value_clip=acfg.value_clip, mixed_precision=tcfg.mixed_precision,
+        gradient_checkpointing=tcfg.gradient_checkpointing, lora_rank=tcfg.lora_rank,
+    ), value_head=value_head, accelerator=accelerator)
     kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
     entropy_at = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end,
                          total=tcfg.steps)
@@ -131,18 +187,42 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     eval_tasks = heldout_tasks(tcfg.eval_episodes)
     task_rng = np.random.default_rng(cfg.seed)
     result = TrainResult(run_dir=run_dir, model=model, tokenizer=tokenizer)
+    warned: set[str] = set()
 
     def run_eval(step: int) -> None:
         metrics = evaluate(eval_collector, eval_tasks, cfg.agent.max_new_tokens)
         result.evals.append((step, metrics))
         logger.log(step, metrics, prefix="eval")
 
+    def save_resumable(step: int) -> None:
+        modules, optimizers = _module_states(learner, critic, value_head, reward_model)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        state = TrainingState(step=step, kl_coef=kl_ctl.value, task_rng=task_rng.bit_generator.state,
+                              policy_rng=policy.rng_state(), global_rng=global_rng_state(),
+                              model_training=model.training, dtype=dtype, warned=sorted(warned))
+        path = write_checkpoint(run_dir, state, model, tokenizer, modules, optimizers, _config_yaml(cfg),
+                                keep=tcfg.keep_checkpoints)
+        log.info("resumable checkpoint of step %d saved to %s", step, path)
+
+    start = 0
+    if resumed is not None:  # every module, optimizer and the loop's state as they were at the checkpoint
+        _load_module_states(resumed, learner, critic, value_head)
+        kl_ctl.value = resumed.state.kl_coef
+        task_rng.bit_generator.state = resumed.state.task_rng
+        result.train, result.evals = resumed.history()
+        warned.update(resumed.state.warned)
+        start = resumed.state.step
     if on_rl_start is not None:
         on_rl_start(model)
-    run_eval(0)
+    if resumed is None:
+        run_eval(0)
+    else:  # the RNGs last: nothing draws between here and the next step, as in the uninterrupted run
+        policy.set_rng_state(resumed.state.policy_rng)
+        set_global_rng_state(resumed.state.global_rng)
+        log.info("resumed from %s after step %d of %d", resumed.path, start, tcfg.steps)
     # ---------------------------------------------------------------- the RL loop
-    bar = tqdm(range(1, tcfg.steps + 1), desc="RL", unit="step", disable=not tcfg.progress)
-    warned: set[str] = set()
+    bar = tqdm(range(start + 1, tcfg.steps + 1), initial=start, total=tcfg.steps, desc="RL", unit="step",
+               disable=not tcfg.progress)
     try:
         for step in bar:
             t0 = time.perf_counter()
@@ -152,7 +232,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             learner.cfg.kl_coef = kl_ctl.value
             sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=learner.cfg.temperature)
             tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
-            trajectories = collector.collect(tasks, tcfg.group_size, sampling)
+            trajectories = collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling)
             t_rollout = time.perf_counter() - t0
             batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
             coefs = {"kl_coef": kl_ctl.value, "entropy_coef": learner.cfg.entropy_coef,
@@ -160,7 +240,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             reward_kl = None
             if acfg.kl_placement == "reward" and learner.ref_model is not None:
                 ref_kl = learner.reference_kl(batch).cpu()  # before this step's update
-                reward_kl = float(ref_kl.sum() / batch.loss_mask.sum().clamp(min=1.0))
+                reward_kl = float(all_reduce(ref_kl.sum()) / all_reduce(batch.loss_mask.sum()).clamp(min=1.0))
                 batch, penalty = kl_penalized(batch, ref_kl, kl_ctl.value)
                 coefs["kl_reward_penalty"] = float(penalty.mean())
             returns = None
@@ -173,6 +253,10 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
                 update.update(critic.update(batch, returns, batch.values))
             if reward_kl is not None:
                 update["kl"] = reward_kl
+            if accelerator is not None:  # every process's rollouts, for the step's figures
+                from accelerate.utils import gather_object
+
+                trajectories = gather_object(trajectories)
             kl_ctl.update(update["kl"], len(trajectories))
             metrics = {**rollout_metrics(trajectories), **update, **coefs,
                        "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
@@ -182,6 +266,9 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             if step % tcfg.eval_every == 0 or step == tcfg.steps:
                 run_eval(step)
             _warn_once(metrics, cfg, warned)
+            # between steps no rollout is in flight: the step's trajectories are consumed and dropped
+            if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and main:
+                save_resumable(step)
     except KeyboardInterrupt:  # keep what was computed: evaluate, save and report below
         log.warning("interrupted after %d RL steps; evaluating and saving what there is", len(result.train))
         if result.evals[-1][0] != len(result.train):
@@ -189,6 +276,11 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     bar.close()
 
     # ---------------------------------------------------------------- wrap-up
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if not main:
+        logger.close()
+        return result
     if tcfg.save_checkpoint:
         save_checkpoint(run_dir / "checkpoint", model, tokenizer, learner.optimizer, len(result.train))
     plot_curves(result.train, result.evals, run_dir / "curves.png")
@@ -198,6 +290,73 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     logger.close()
     print(table, flush=True)
     return result
+
+
+def _checkpoint_to_resume(cfg: Config, run_dir: Path) -> Checkpoint | None:
+    """The checkpoint ``trainer.resume`` names (None: start fresh), checked against ``run_dir``."""
+    path = resolve_resume(cfg.trainer.resume, run_dir)
+    if path is None:
+        if cfg.trainer.resume and str(cfg.trainer.resume).lower() in ("true", "latest"):
+            log.info("trainer.resume: no checkpoint in %s yet, starting fresh", run_dir)
+        return None
+    ckpt = read_checkpoint(path)
+    step = ckpt.state.step
+    clash = [p for s, p in checkpoint_steps(run_dir).items()
+             if s > step or (s == step and p.resolve() != path.resolve())]
+    if clash:
+        names = [p.name for p in clash]
+        raise ValueError(f"run dir {run_dir} holds checkpoints {names} not older than the one resumed "
+                         f"({path}, step {step}); resume from the run dir's latest checkpoint (trainer.resume=true), "
+                         "or into a fresh run dir")
+    changed = _config_changes(ckpt.config_yaml, cfg)
+    if changed:
+        log.warning("resuming %s with a config that differs from the saved one in %s; the run will not be the one "
+                    "the checkpoint was heading to", path, changed)
+    return ckpt
+
+
+def _config_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _config_changes(saved_yaml: str, cfg: Config) -> list[str]:
+    """Dotted keys whose value differs between a saved config and ``cfg`` (resume and progress aside)."""
+    def flat(node, prefix=""):
+        if isinstance(node, dict):
+            return {k: v for key, child in node.items() for k, v in flat(child, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+
+    saved = flat(OmegaConf.to_container(OmegaConf.create(saved_yaml)))
+    now = flat(OmegaConf.to_container(OmegaConf.create(_config_yaml(cfg))))
+    ignored = {"trainer.resume", "trainer.progress"}
+    return sorted(k for k in saved.keys() | now.keys() if k not in ignored and saved.get(k) != now.get(k))
+
+
+def _module_states(learner: Learner, critic: CriticLearner | None, value_head, reward_model) -> tuple[dict, dict]:
+    """State dicts of every module besides the policy, and of every optimizer, by name."""
+    modules, optimizers = {}, {"policy": learner.optimizer.state_dict()}
+    if learner.ref_model is not None:
+        modules["ref_model"] = learner.ref_model.state_dict()
+    if value_head is not None:
+        modules["value_head"] = value_head.state_dict()
+    if critic is not None:
+        modules["critic"] = critic.critic.state_dict()
+        optimizers["critic"] = critic.optimizer.state_dict()
+    if reward_model is not None:
+        modules["reward_model"] = reward_model.state_dict()
+    return modules, optimizers
+
+
+def _load_module_states(ckpt: Checkpoint, learner: Learner, critic: CriticLearner | None, value_head) -> None:
+    """Load what ``_module_states`` saved (the reward model is loaded where it is built)."""
+    learner.optimizer.load_state_dict(ckpt.optimizer("policy"))
+    if learner.ref_model is not None:
+        learner.ref_model.load_state_dict(ckpt.module("ref_model"))
+    if value_head is not None:
+        value_head.load_state_dict(ckpt.module("value_head"))
+    if critic is not None:
+        critic.critic.load_state_dict(ckpt.module("critic"))
+        critic.optimizer.load_state_dict(ckpt.optimizer("critic"))
 
 
 def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Callable) -> tuple[RewardModel, dict]:

@@ -28,6 +28,14 @@ class TransformersPolicy:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
 
+    def rng_state(self) -> torch.Tensor:
+        """The state of the sampling generator (to checkpoint a run)."""
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore a state ``rng_state`` returned: sampling continues exactly from there."""
+        self.generator.set_state(state)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one assistant turn for each prompt.

@@ -33,8 +33,12 @@ class Generation:
         token_ids: ``[L]`` sampled ids, ending with the end-of-turn id when it stopped.
         logprobs: ``[L]`` the sampler's logprob of each id.
         finish_reason: ``"stop"`` (end-of-turn sampled) or ``"length"`` (hit max_new_tokens).
+        exact: True when ``token_ids`` are the sampler's own ids and ``logprobs`` its own
+            logprobs (trainable). False for text re-tokenized on the client (e.g. a chat API
+            that returns only text): such a turn is for evaluation only, and its logprobs are NaN.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    exact: bool = True

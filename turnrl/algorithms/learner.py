@@ -1,14 +1,17 @@
 """The policy learner: PPO-clip over masked tokens, optional KL to a frozen reference and an
-entropy bonus. Plain torch; the model and optimizer are the only state (accelerate-ready:
-``prepare`` them and replace ``loss.backward()`` with ``accelerator.backward(loss)``)."""
+entropy bonus. Plain torch on one process, or data-parallel under ``accelerate launch`` (pass
+an ``Accelerator``): each process trains on its shard of the rows, the loss is normalised by
+global counts, and the update equals the single-process one (``turnrl.distributed``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, replace
 
 import torch
 
+from turnrl import distributed
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.importance import LEVELS, logprob_mismatch, truncated_is_weights
@@ -41,6 +44,38 @@ class LearnerConfig:
     tis_cap: float = 2.0  # upper truncation of the TIS ratio
     vf_coef: float = 0.5  # weight of the value loss of a shared value head
     value_clip: float | None = 0.2  # PPO value clipping of the shared value head (None = off)
+    mixed_precision: str = "no"  # "bf16": forward passes under bf16 autocast (fp32 weights); "no": fp32
+    gradient_checkpointing: bool = False  # recompute activations in backward (model.gradient_checkpointing_enable)
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank (peft, the "lora" extra) instead of all weights
+    lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by alpha / rank)
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")  # module names that get adapters
+
+
+MIXED_PRECISION = ("no", "bf16")
+
+
+class PolicyForward(torch.nn.Module):
+    """The training forward as one module (what DDP wraps): the policy's logprobs and
+    entropies of the scored tokens and, with a shared value head, their values.
+
+    ``forward(input_ids, attention_mask, score_mask, temperature, with_entropy)`` returns
+    ``(logprobs [N, T], entropy [N, T] or None, values [N, T] or None)``, 0 off ``score_mask``.
+    """
+
+    def __init__(self, model, value_head: torch.nn.Module | None = None):
+        super().__init__()
+        self.model = model
+        self.value_head = value_head
+
+    def forward(self, input_ids, attention_mask, score_mask, temperature: float = 1.0, with_entropy: bool = True):
+        scored = token_logprobs(self.model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
+                                score_mask=score_mask, return_hidden=self.value_head is not None)
+        values = None
+        if self.value_head is not None:
+            hidden, rows, cols = scored[2]
+            values = torch.zeros_like(score_mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
+        return scored[0], scored[1], values
 
 
 class Learner:
@@ -53,32 +88,62 @@ class Learner:
             [M, 1]``), trained in the same forward and backward with ``vf_coef`` times the
             clipped value loss; None for no shared critic (a separate critic model has its
             own ``CriticLearner``).
+        accelerator: an ``accelerate.Accelerator`` (under ``accelerate launch``): the model,
+            value head and optimizer are ``prepare``d (DDP with several processes), and
+            ``update`` takes this process's shard of the rows (``turnrl.distributed.shard_rows``
+            or per-rank rollouts; at least one row per process). Its
+            ``gradient_accumulation_steps`` must be 1: the learner accumulates micro-batches
+            itself, all-reducing gradients once per optimizer step. None: plain torch.
     """
 
-    def __init__(self, model, cfg: LearnerConfig, value_head: torch.nn.Module | None = None):
-        self.model = model
-        self.cfg = cfg
-        self.value_head = value_head
-        params = [p for p in model.parameters() if p.requires_grad]
-        if value_head is not None:
-            params += [p for p in value_head.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    def __init__(self, model, cfg: LearnerConfig, value_head: torch.nn.Module | None = None, accelerator=None):
         if cfg.kl_placement not in PLACEMENTS:
             raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {cfg.kl_placement!r}")
         if cfg.tis not in LEVELS:
             raise ValueError(f"tis must be one of {LEVELS}, got {cfg.tis!r}")
+        if cfg.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {cfg.mixed_precision!r}")
+        if accelerator is not None and accelerator.gradient_accumulation_steps != 1:
+            raise ValueError("build the Accelerator with gradient_accumulation_steps=1: the learner accumulates "
+                             "micro-batches itself (LearnerConfig.micro_batch_size)")
+        self.model = model
+        self.cfg = cfg
+        self.value_head = value_head
+        self.accelerator = accelerator
+        if cfg.gradient_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise TypeError(f"gradient_checkpointing needs a transformers model, got {type(model).__name__}")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model = None
         if cfg.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.lora_rank > 0:
+            _add_lora(model, cfg)
+        self.forward_module = PolicyForward(model, value_head)
+        params = [p for p in self.forward_module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self._forward = self.forward_module
+        if accelerator is not None:
+            self._forward, self.optimizer = accelerator.prepare(self.forward_module, self.optimizer)
+            if self.ref_model is not None:
+                self.ref_model.to(accelerator.device)
         self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator)
         self.aggregate = AGGREGATIONS.get(cfg.loss_agg)
+
+    @property
+    def num_processes(self) -> int:
+        """Processes sharing each update (1 without an accelerator)."""
+        return 1 if self.accelerator is None else self.accelerator.num_processes
+
+    def _autocast(self, device: torch.device):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision == "bf16")
 
     def update(self, batch: TrainBatch, advantages: torch.Tensor, returns: torch.Tensor | None = None
                ) -> dict[str, float]:
         """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch.
 
         Args:
-            batch: ``N`` collated trajectories.
+            batch: ``N`` collated trajectories (with an accelerator: this process's shard).
             advantages: ``[N, T]`` per-token advantages (0 off the loss mask).
             returns: ``[N, T]`` value targets, with a shared value head (whose old values are
                 ``batch.values``).
@@ -86,18 +151,28 @@ class Learner:
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
             means over sampled tokens of ``entropy``, ``kl``, ``clip_frac``, ``approx_kl``,
-            ``ratio``; and ``grad_norm`` (mean over optimizer steps).
+            ``ratio``; and ``grad_norm`` (mean over optimizer steps). With several processes
+            every figure is of the global batch (the same on every process).
         """
         if advantages.shape != batch.loss_mask.shape:
             raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
         if self.value_head is not None and (returns is None or batch.values is None):
             raise ValueError("a learner with a shared value head needs returns and batch.values (old values)")
         cfg, n = self.cfg, len(batch)
+        world = self.num_processes
+        if world > 1 and n == 0:
+            raise ValueError("every process needs at least one row of the batch; shard it with "
+                             "turnrl.distributed.shard_rows (or give each rank at least one rollout)")
         device = next(self.model.parameters()).device
         batch, advantages = batch.to(device), advantages.to(device)
         returns = None if returns is None else returns.to(device)
         self.model.train()
-        minibatches = torch.arange(n, device=device).chunk(max(1, min(cfg.num_minibatches, n)))
+        # collectives only with several processes (a process group may exist for other reasons)
+        reduce = distributed.all_reduce if world > 1 else (lambda t, op="sum": t)
+        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
+        total_rows = int(reduce(torch.tensor(float(n), device=device)))
+        minibatches = [r.to(device) for r in distributed.minibatch_splits(n, max(1, min(cfg.num_minibatches,
+                                                                                          total_rows)))]
         # the sampler/learner mismatch is measured on the learner's logprobs before any step:
         # from a no-grad pre-pass with TIS (whose ratio then uses the learner's logprobs as
         # "old"), else for free on the first minibatch's first forward
@@ -114,17 +189,31 @@ class Learner:
                                      "ratio", "tokens", "value_loss", "value_clipped")}
             for m, rows in enumerate(minibatches):
                 measure = mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
+                # weights of the global minibatch (its token/row counts summed over processes)
                 weights = torch.zeros_like(batch.loss_mask)
-                weights[rows] = self.aggregate(batch.loss_mask[rows])
-                value_weights = batch.loss_mask / batch.loss_mask[rows].sum().clamp(min=1.0)
-                for micro in rows.split(cfg.micro_batch_size):
+                weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
+                value_weights = batch.loss_mask / reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
+                micros = list(rows.split(cfg.micro_batch_size)) if len(rows) else []
+                if not micros:  # an empty local minibatch: a zero-weight row still joins the all-reduce
+                    micros = [torch.zeros(1, dtype=torch.long, device=device)]
+                    weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
+                for i, micro in enumerate(micros):
                     isw = None if is_weights is None else is_weights[micro]
                     value_args = None if returns is None else (returns[micro], value_weights[micro])
-                    self._backward(batch.rows(micro), advantages[micro], weights[micro], sums, isw, extremes,
-                                   measure, value_args)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self._params(), cfg.max_grad_norm)))
+                    sync = i == len(micros) - 1 or self.accelerator is None
+                    with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
+                        self._backward(batch.rows(micro), advantages[micro], weights[micro], sums, isw, extremes,
+                                       measure, value_args, record=len(rows) > 0)
+                grad_norms.append(float(self._clip_grad_norm()))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+        if world > 1:  # every figure of the global batch
+            sums = dict(zip(sums, reduce(torch.tensor(list(sums.values()), device=device)).tolist()))
+            mismatch_max = float(reduce(torch.tensor(mismatch.pop("mismatch_max"), device=device), "max"))
+            mismatch = dict(zip(mismatch, reduce(torch.tensor(list(mismatch.values()), device=device)).tolist()),
+                            mismatch_max=mismatch_max)
+            extremes = {"ratio_max": float(reduce(torch.tensor(extremes["ratio_max"], device=device), "max")),
+                        "ratio_min": float(reduce(torch.tensor(extremes["ratio_min"], device=device), "min"))}
         tokens = max(sums.pop("tokens"), 1.0)
         pg_loss = sums.pop("pg_loss") / len(minibatches)
         value_loss = sums.pop("value_loss") / len(minibatches)
@@ -132,24 +221,29 @@ class Learner:
         metrics["pg_loss"] = pg_loss
         metrics["clip_frac"] = metrics.pop("clipped")
         value_clipped = metrics.pop("value_clipped")
+        sampled = float(reduce(batch.loss_mask.sum()))
         if self.value_head is not None:  # of the last pass: mean over minibatches, clip fraction per token
             metrics["value_loss"] = value_loss
             metrics["value_clip_frac"] = value_clipped
-            on = batch.loss_mask.bool()
-            metrics["value_mean"] = float(batch.values[on].mean()) if on.any() else 0.0
+            value_sum = float(reduce((batch.values * batch.loss_mask).sum()))
+            metrics["value_mean"] = value_sum / sampled if sampled else 0.0
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         measured = max(mismatch.pop("tokens"), 1.0)
         metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
         metrics["mismatch_kl"] = mismatch["mismatch_kl"] / measured
         metrics["mismatch_max"] = mismatch["mismatch_max"]
         if is_weights is not None:
-            metrics["tis_weight"] = float(is_weights.sum()) / max(float(batch.loss_mask.sum()), 1.0)
+            metrics["tis_weight"] = float(reduce(is_weights.sum())) / max(sampled, 1.0)
         metrics.update(extremes)
         return metrics
 
+    def _clip_grad_norm(self) -> torch.Tensor:
+        if self.accelerator is not None:
+            return self.accelerator.clip_grad_norm_(self._params(), self.cfg.max_grad_norm)
+        return torch.nn.utils.clip_grad_norm_(self._params(), self.cfg.max_grad_norm)
+
     def _params(self):
-        params = list(self.model.parameters())
-        return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
+        return list(self.forward_module.parameters())
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
@@ -160,10 +254,9 @@ class Learner:
         out = torch.zeros_like(batch.loss_mask)
         for micro in torch.arange(len(batch)).split(self.cfg.micro_batch_size):
             mb = batch.rows(micro).to(device)
-            _, _, (hidden, rows, cols) = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
-                                                        self.cfg.temperature, score_mask=mb.loss_mask,
-                                                        return_hidden=True)
-            v = torch.zeros_like(mb.loss_mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
+            with self._autocast(device):
+                _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, self.cfg.temperature,
+                                              with_entropy=False)
             out[micro] = v.to(out.device)
         return out
 
@@ -175,8 +268,9 @@ class Learner:
         out = torch.zeros_like(batch.loss_mask)
         for micro in torch.arange(len(batch), device=batch.loss_mask.device).split(self.cfg.micro_batch_size):
             mb = batch.rows(micro)
-            lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
-                                   score_mask=mb.loss_mask)
+            with self._autocast(mb.loss_mask.device):
+                lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
+                                       score_mask=mb.loss_mask)
             out[micro] = lp * mb.loss_mask
         return out
 
@@ -195,54 +289,73 @@ class Learner:
 
     def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, sums: dict,
                   is_weights: torch.Tensor | None, extremes: dict, measure: dict | None,
-                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> None:
+        """Forward and backward of one micro-batch; ``record=False`` (a zero-weight stand-in
+        row that only joins the gradient all-reduce) leaves the statistics alone."""
         cfg = self.cfg
         mask = mb.loss_mask
-        scored = token_logprobs(
-            self.model, mb.input_ids, mb.attention_mask, cfg.temperature,
-            with_entropy=True, score_mask=mask, return_hidden=value_args is not None,
-        )
-        logprobs, entropy = scored[0], scored[1]
-        if measure is not None:
+        with self._autocast(mask.device):
+            logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, cfg.temperature)
+        if measure is not None and record:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = ppo_clip_loss(
             logprobs, mb.old_logprobs, adv, weights, cfg.clip_low, cfg.clip_high,
             dual_clip=cfg.dual_clip, log_ratio_clip=cfg.log_ratio_clip, is_weights=is_weights,
         )
-        extremes["ratio_max"] = max(extremes["ratio_max"], float(stats.pop("ratio_max")))
-        extremes["ratio_min"] = min(extremes["ratio_min"], float(stats.pop("ratio_min")))
+        ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))
         loss = pg_loss
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * (entropy * weights).sum()
         kl_sum = 0.0
         if self.ref_model is not None and cfg.kl_placement == "loss":
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast(mask.device):
                 ref_logprobs, _ = token_logprobs(
                     self.ref_model, mb.input_ids, mb.attention_mask, cfg.temperature, score_mask=mask
                 )
             kl = self.kl_fn(logprobs, ref_logprobs)
             kl_sum = float((kl.detach() * mask).sum())
             loss = loss + cfg.kl_coef * (kl * weights).sum()
+        value_loss = value_clipped = 0.0
         if value_args is not None:  # the shared value head, on the same forward's hidden states
             returns, value_weights = value_args
-            hidden, rows, cols = scored[2]
-            v = torch.zeros_like(mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
-            err = (v - returns) ** 2
+            err = (values - returns) ** 2
             if cfg.value_clip is not None:
-                v_clip = mb.values + (v - mb.values).clamp(-cfg.value_clip, cfg.value_clip)
+                v_clip = mb.values + (values - mb.values).clamp(-cfg.value_clip, cfg.value_clip)
                 err_clip = (v_clip - returns) ** 2
-                sums["value_clipped"] += float(((err_clip > err).float() * mask).sum())
+                value_clipped = float(((err_clip > err).float() * mask).sum())
                 err = torch.maximum(err, err_clip)
             value_loss = 0.5 * (err * value_weights).sum()
             loss = loss + cfg.vf_coef * value_loss
-            sums["value_loss"] += value_loss.item()
-        loss.backward()
+            value_loss = value_loss.item()
+        if self.accelerator is None:
+            loss.backward()
+        else:  # DDP averages gradients over processes; the global loss is their sum
+            self.accelerator.backward(loss * self.num_processes)
+        if not record:
+            return
+        extremes["ratio_max"] = max(extremes["ratio_max"], ratio_max)
+        extremes["ratio_min"] = min(extremes["ratio_min"], ratio_min)
+        sums["value_loss"] += value_loss
+        sums["value_clipped"] += value_clipped
         sums["pg_loss"] += pg_loss.item()
         sums["entropy"] += float((entropy.detach() * mask).sum())
         sums["kl"] += float(kl_sum)
         sums["tokens"] += float(mask.sum())
         for k, v in stats.items():
             sums[k] += float(v)
+
+
+def _add_lora(model, cfg: LearnerConfig) -> None:
+    """Inject LoRA adapters into ``model`` in place (it keeps its class, so sampling uses them)
+    and freeze every other weight. The adapters start at zero: the policy is unchanged."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError("LearnerConfig.lora_rank > 0 needs peft: pip install 'turnrl[lora]'") from e
+    inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                       target_modules=list(cfg.lora_target_modules)), model)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
 
 
 def _add_mismatch(acc: dict, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> None:

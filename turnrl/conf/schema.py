@@ -172,6 +172,25 @@ class TrainerConfig:
     threads: int = 2
     # save the final model, tokenizer and optimizer state in the run dir
     save_checkpoint: bool = True
+    # every this many RL steps, save a resumable checkpoint (weights, optimizers, KL controller,
+    # RNG states, data cursor, metrics log) atomically into checkpoints/step-N (0 = off)
+    checkpoint_every: int = 0
+    # resumable checkpoints kept (the newest; older ones are deleted once a newer one is complete)
+    keep_checkpoints: int = 1
+    # continue a run exactly: true = from the latest checkpoint in this run dir (starts fresh if
+    # there is none yet; fix the dir with hydra.run.dir=...), or the path of a checkpoints/step-N
+    # folder or of an earlier run dir; the warm start, DPO and reward-model stages are not redone
+    resume: Optional[str] = None
+    # data-parallel under `accelerate launch --config_file turnrl/conf/accelerate/<name>.yaml`:
+    # each process collects its share of a step's tasks (whole groups), the learner all-reduces
+    # gradients (DDP) with the loss normalised by global counts; the main process writes
+    accelerate: bool = False
+    # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32
+    mixed_precision: str = "no"
+    # recompute activations in the backward pass (less memory, more compute)
+    gradient_checkpointing: bool = False
+    # > 0: train LoRA adapters of this rank instead of every weight (needs the "lora" extra: peft)
+    lora_rank: int = 0
     # write TensorBoard event files beside metrics.jsonl
     tensorboard: bool = True
     # show a progress bar

@@ -1,0 +1,263 @@
+"""The learner under ``accelerate launch`` with 2 CPU processes (gloo, DDP) gives the same
+update as in one process, and each process trains only on its shard of the rows.
+
+This file is also the worker script: ``accelerate launch ... test_distributed_learner.py OUT``
+builds the tiny model and a fixed batch with the same builders as ``tests/conftest.py``, runs
+3 updates per aggregation mode on its shard and saves parameters, metrics and the rows its
+forward passes saw to ``OUT/<mode>.rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCELERATE_CONFIG = ROOT / "turnrl/conf/accelerate/cpu_2proc.yaml"
+MODES = ("token-mean", "seq-mean-token-mean")
+# and Dr.GRPO's mode on the first 3 rows only: minibatches of 2 and 1 rows, so process 1 has
+# no row of the second one and joins its all-reduce with a zero-weight stand-in
+UNEVEN, UNEVEN_ROWS = "seq-mean-token-sum-norm", 3
+RUNS = (*MODES, UNEVEN)
+PLAYERS = ("expert", "weak", "weak", "weak")
+UPDATES = 3
+# num_minibatches=2 over 12 rows: 3 rows per process per minibatch, micro-batches of 2 and 1
+LEARNER = dict(lr=1e-3, num_minibatches=2, micro_batch_size=2)
+
+
+def fixed_batch(tokenizer, renderer, model):
+    """3 tasks x 4 scripted players of GuessNumber (mixed lengths and outcomes), scored by
+    ``model``, and fixed advantages (a seeded value per row on its sampled tokens)."""
+    from turnrl.agents.scripted import scripted_episode
+    from turnrl.algorithms import collate, token_logprobs
+    from turnrl.envs import GuessNumberEnv
+
+    env = GuessNumberEnv(n=32, max_turns=6)
+    trajs = []
+    for group, seed in enumerate((0, 1, 2)):
+        for k, player in enumerate(PLAYERS):
+            t = scripted_episode(env, seed, renderer, player, rng=np.random.default_rng(100 * seed + k))
+            t.group_id = group
+            trajs.append(t)
+    batch = collate(trajs, tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    batch.old_logprobs = lp * batch.loss_mask
+    advantages = torch.randn(len(batch), generator=torch.Generator().manual_seed(0))[:, None] * batch.loss_mask
+    return batch, advantages
+
+
+def run_updates(model, batch, advantages, mode, accelerator=None, on_learner=None):
+    """``UPDATES`` learner updates (``on_learner(learner)`` called before them); returns the
+    last update's metrics."""
+    from turnrl.algorithms import Learner, LearnerConfig
+
+    learner = Learner(model, LearnerConfig(loss_agg=mode, **LEARNER), accelerator=accelerator)
+    if on_learner is not None:
+        on_learner(learner)
+    for _ in range(UPDATES):
+        metrics = learner.update(batch, advantages)
+    return metrics
+
+
+def worker(out: Path) -> None:
+    """One process of the 2-process run (under ``accelerate launch``)."""
+    from accelerate import Accelerator
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model, build_tokenizer
+    from turnrl.agents.scripted import corpus_texts
+    from turnrl.distributed import shard_rows
+    from turnrl.envs import CalcMathEnv, GuessNumberEnv
+
+    torch.set_num_threads(1)
+    accelerator = Accelerator(cpu=True)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    corpus = corpus_texts(GuessNumberEnv(), range(30)) + corpus_texts(CalcMathEnv(), range(30))
+    tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)  # as tests/conftest.py
+    renderer = ChatRenderer(tokenizer)
+    tiny = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    base = build_tiny_model(tiny, tokenizer, seed=0)
+    batch, advantages = fixed_batch(tokenizer, renderer, base)
+    rows = shard_rows(len(batch), LEARNER["num_minibatches"], world, rank)
+    for mode in RUNS:
+        if mode == UNEVEN:
+            batch, advantages = batch.rows(slice(0, UNEVEN_ROWS)), advantages[:UNEVEN_ROWS]
+            rows = shard_rows(len(batch), LEARNER["num_minibatches"], world, rank)
+        model = copy.deepcopy(base)
+        seen = []  # every row a training forward saw (its unpadded ids)
+        model.model.embed_tokens.register_forward_hook(
+            lambda mod, args, output: seen.extend(args[0].tolist()))
+        allreduces = []  # DDP gradient all-reduces (one per bucket per synced backward)
+
+        def count_allreduces(learner):
+            def hook(state, bucket):
+                allreduces.append(bucket.index())
+                return allreduce_hook(state, bucket)
+
+            learner._forward.register_comm_hook(None, hook)
+
+        metrics = run_updates(model, batch.rows(rows), advantages[rows], mode, accelerator, count_allreduces)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        torch.save({"rows": rows, "seen": seen, "metrics": metrics, "state": state, "world": world,
+                    "allreduces": allreduces}, out / f"{mode}.rank{rank}.pt")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """The worker launched by ``accelerate launch`` with 2 CPU processes; its saved results."""
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
+           "--main_process_port", str(free_port()), __file__, str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"accelerate launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return {(mode, r): torch.load(out / f"{mode}.rank{r}.pt", weights_only=False) for mode in RUNS for r in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def single_process(tiny_model, tokenizer, renderer):
+    """The same batch and 3 updates in this one process, without an accelerator."""
+    batch, advantages = fixed_batch(tokenizer, renderer, tiny_model)
+    out = {}
+    for mode in RUNS:
+        model = copy.deepcopy(tiny_model)
+        rows = slice(0, UNEVEN_ROWS) if mode == UNEVEN else slice(None)
+        out[mode] = (model, run_updates(model, batch.rows(rows), advantages[rows], mode))
+    return batch, out
+
+
+@pytest.mark.parametrize("mode", RUNS)
+def test_two_processes_give_the_single_process_update(two_process_run, single_process, tiny_model, mode):
+    _, results = single_process
+    model, metrics = results[mode]
+    start = tiny_model.state_dict()
+    for rank in (0, 1):
+        run = two_process_run[mode, rank]
+        assert run["world"] == 2
+        for name, p in model.state_dict().items():
+            assert not torch.equal(p, start[name]) or "rotary" in name, f"{name} did not move"
+            assert (run["state"][name] - p).abs().max() <= 1e-5, (mode, rank, name)
+        for key in ("pg_loss", "entropy", "ratio", "clip_frac", "approx_kl", "grad_norm", "ratio_max", "ratio_min"):
+            assert run["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_process_trains_only_on_its_shard(two_process_run, single_process, tokenizer, mode):
+    batch, _ = single_process
+    shards = [two_process_run[mode, r]["rows"].tolist() for r in (0, 1)]
+    assert sorted(shards[0] + shards[1]) == list(range(len(batch))) and not set(shards[0]) & set(shards[1])
+    # the shard of every global minibatch (rows 0-5 and 6-11) is split between the processes
+    assert shards == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+
+    def unpadded(ids):
+        while ids and ids[-1] == tokenizer.pad_token_id:
+            ids = ids[:-1]
+        return tuple(ids)
+
+    for rank, shard in enumerate(shards):
+        seen = sorted(unpadded(ids) for ids in two_process_run[mode, rank]["seen"])
+        expected = sorted(unpadded(batch.input_ids[i].tolist()) for i in shard for _ in range(UPDATES))
+        assert seen == expected
+
+
+def test_a_process_without_rows_in_a_minibatch_still_takes_the_step(two_process_run, single_process):
+    batch, _ = single_process
+    # global minibatches [0, 1] and [2]: process 1 holds row 1 only
+    assert [two_process_run[UNEVEN, r]["rows"].tolist() for r in (0, 1)] == [[0, 2], [1]]
+    # its one real forward per update, and the zero-weight stand-in (its own row) for the second
+    row = batch.input_ids[1, : int(batch.attention_mask[1].sum())].tolist()
+    seen = [ids[: len(row)] for ids in two_process_run[UNEVEN, 1]["seen"]]
+    assert seen == [row] * (2 * UPDATES)
+    assert two_process_run[UNEVEN, 1]["metrics"]["grad_norm"] == two_process_run[UNEVEN, 0]["metrics"]["grad_norm"]
+
+
+@pytest.mark.parametrize("mode", RUNS)
+def test_gradients_are_all_reduced_once_per_optimizer_step(two_process_run, mode):
+    # on every process each minibatch's micro-batches (2 and 1 rows) but the last run under no_sync
+    for rank in (0, 1):
+        buckets = two_process_run[mode, rank]["allreduces"]
+        steps = UPDATES * LEARNER["num_minibatches"]
+        assert len(buckets) == steps * len(set(buckets)), buckets
+
+
+def test_shard_rows_reproduces_every_global_minibatch():
+    from turnrl.distributed import minibatch_splits, shard_rows
+
+    for n in range(1, 40):
+        for k in range(1, 6):
+            for world in (1, 2, 3, 4):
+                global_mbs = minibatch_splits(n, min(k, n))
+                shards = [shard_rows(n, k, world, r) for r in range(world)]
+                local = [[shard[i] for i in minibatch_splits(len(shard), min(k, n))] for shard in shards]
+                for m, rows in enumerate(global_mbs):
+                    assert sorted(torch.cat([loc[m] for loc in local]).tolist()) == rows.tolist()
+    with pytest.raises(ValueError, match="rank"):
+        shard_rows(4, 1, 2, 2)
+
+
+def test_gradient_checkpointing_and_bf16_switches(tiny_model, tokenizer, renderer):
+    from turnrl.algorithms import Learner, LearnerConfig
+
+    batch, advantages = fixed_batch(tokenizer, renderer, tiny_model)
+    reference = copy.deepcopy(tiny_model)
+    Learner(reference, LearnerConfig(**LEARNER)).update(batch, advantages)
+    checkpointed = copy.deepcopy(tiny_model)
+    Learner(checkpointed, LearnerConfig(gradient_checkpointing=True, **LEARNER)).update(batch, advantages)
+    assert checkpointed.is_gradient_checkpointing
+    for (name, p), q in zip(checkpointed.named_parameters(), reference.parameters()):
+        assert (p - q).abs().max() <= 1e-5, name
+    bf16 = copy.deepcopy(tiny_model)
+    metrics = Learner(bf16, LearnerConfig(mixed_precision="bf16", **LEARNER)).update(batch, advantages)
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())  # fp32 master weights
+    assert np.isfinite(metrics["pg_loss"]) and metrics["grad_norm"] > 0
+    # bf16 rounding, not a different update: the step points the same way as the fp32 one
+    step = torch.cat([(p - q).flatten() for p, q in zip(bf16.parameters(), tiny_model.parameters())])
+    step_fp32 = torch.cat([(p - q).flatten() for p, q in zip(reference.parameters(), tiny_model.parameters())])
+    assert torch.nn.functional.cosine_similarity(step, step_fp32, dim=0) > 0.9
+    with pytest.raises(ValueError, match="mixed_precision"):
+        Learner(copy.deepcopy(tiny_model), LearnerConfig(mixed_precision="fp8"))
+
+
+
+def test_lora_trains_only_the_adapters(tiny_model, tokenizer, renderer):
+    pytest.importorskip("peft", reason="LoRA needs peft (the optional 'lora' extra: pip install 'turnrl[lora]')")
+    from turnrl.algorithms import Learner, LearnerConfig
+
+    batch, advantages = fixed_batch(tokenizer, renderer, tiny_model)
+    model = copy.deepcopy(tiny_model)
+    learner = Learner(model, LearnerConfig(lora_rank=4, kl_coef=0.1, **LEARNER))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert learner.score(batch).sub(batch.old_logprobs).abs().max() < 1e-5  # adapters start at zero
+    metrics = learner.update(batch, advantages)
+    assert np.isfinite(metrics["pg_loss"]) and metrics["grad_norm"] > 0
+    base = dict(tiny_model.named_parameters())
+    for name, p in model.named_parameters():
+        if name in trainable:
+            assert "lora_B" not in name or p.abs().max() > 0, name  # B left zero
+        else:  # the frozen weights, under peft's names for wrapped layers
+            original = name.replace(".base_layer", "")
+            assert torch.equal(p, base[original]), name
+    assert learner.score(batch).sub(batch.old_logprobs).abs().max() > 1e-5  # the policy moved
+    assert all(not p.requires_grad for p in learner.ref_model.parameters())
+    assert not any("lora_" in n for n, _ in learner.ref_model.named_parameters())  # the reference is the base
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    worker(Path(sys.argv[1]))

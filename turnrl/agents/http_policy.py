@@ -1,0 +1,444 @@
+"""``OpenAIPolicy``: a policy backend on an OpenAI-compatible HTTP server (vLLM, ``PolicyServer``,
+or a chat API), and ``assert_trainable`` for the trajectories it made.
+
+Two modes:
+
+* ``mode="tokens"`` (token-exact, trainable): each prompt is one ``POST {base}/v1/completions``
+  whose ``prompt`` is the list of token ids, with ``logprobs: 1`` and vLLM's
+  ``return_token_ids`` / ``return_tokens_as_token_ids`` extras, so the answer carries the
+  sampled ids and the sampler's logprob of each. Generation stops at the tokenizer's end-of-turn
+  id only (``stop_token_ids=[eos]`` with ``ignore_eos``), as in ``TransformersPolicy``. Every
+  sampling knob a server may default
+  from the checkpoint's ``generation_config`` (top_p, top_k, min_p, penalties) is sent at its
+  neutral value, so the server samples ``softmax(logits / temperature)`` as the learner scores
+  it. A vLLM server must run with ``--logprobs-mode processed_logprobs``: its default
+  (``raw_logprobs``) reports logprobs *before* temperature, which equal the learner's only at
+  temperature 1 and under greedy decoding.
+* ``mode="text"`` (evaluation only): for servers that return only text, e.g. a hosted chat
+  API. The prompt ids are decoded and split back into chat messages (``parse_messages``; the
+  default reads ChatML, the layout of Qwen and of the tiny model's template), sent to
+  ``POST {base}/v1/chat/completions``, and the reply's text is re-tokenized with ``tokenizer``.
+  Such a ``Generation`` has ``exact=False`` and NaN logprobs: it must never be trained on.
+
+Training must refuse non-exact turns. The NaN logprobs travel with the turn into the
+``Trajectory`` (the collector copies them verbatim), so ``assert_trainable(trajectories)``
+finds them without a new field; call it on every batch right after
+``RolloutCollector.collect`` in the trainer, before advantages are computed (evaluation
+rollouts need no check).
+
+Requests run concurrently (at most ``max_concurrency`` at once) on the shared background
+event loop of ``turnrl.tools.executors.loop``; ``generate`` blocks until all are answered and
+returns them in prompt order. Connection errors, timeouts, 5xx and 429 are retried with
+exponential backoff; any other 4xx is final and raises ``PolicyRequestError`` naming the URL,
+the status and the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from turnrl.agents.sampling import Generation, SamplingParams
+from turnrl.tools.executors.loop import run_sync
+
+if TYPE_CHECKING:  # httpx is imported on first use
+    import httpx
+
+    from turnrl.rollout.trajectory import Trajectory
+
+__all__ = [
+    "OpenAIPolicy",
+    "PolicyHTTPError",
+    "PolicyRequestError",
+    "PolicyResponseError",
+    "PolicyUnavailableError",
+    "assert_trainable",
+    "parse_chatml",
+]
+
+Mode = Literal["tokens", "text"]
+_RETRY_STATUSES = frozenset({429})  # plus every 5xx
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+_CHATML = re.compile(r"<\|im_start\|>([^\n<]+)\n(.*?)<\|im_end\|>\n?", re.DOTALL)
+_CHATML_PROMPT = "<|im_start|>assistant\n"
+
+
+class PolicyHTTPError(RuntimeError):
+    """A policy server request failed.
+
+    Attributes:
+        url: the endpoint that was called.
+        status: the HTTP status of the last answer (None when none came).
+        server_message: the server's error message (or the transport problem).
+    """
+
+    def __init__(self, message: str, *, url: str, status: int | None = None, server_message: str = "") -> None:
+        super().__init__(message)
+        self.url, self.status, self.server_message = url, status, server_message
+
+
+class PolicyRequestError(PolicyHTTPError, ValueError):
+    """The server refused the request with a 4xx status (not retried: it would be refused again)."""
+
+
+class PolicyUnavailableError(PolicyHTTPError, ConnectionError):
+    """Every try failed with a connection error, a timeout, a 5xx or a 429."""
+
+
+class PolicyResponseError(PolicyHTTPError):
+    """The server answered 200 with something this client cannot use (e.g. no token ids)."""
+
+
+def parse_chatml(text: str) -> list[dict]:
+    """Split a ChatML render (``<|im_start|>role\\ncontent<|im_end|>\\n`` ...) back into messages.
+
+    A trailing generation prompt (``<|im_start|>assistant\\n``) is dropped.
+
+    Raises:
+        ValueError: If ``text`` is not a sequence of ChatML messages; give ``OpenAIPolicy`` a
+            ``parse_messages`` for your chat template.
+    """
+    body = text[: -len(_CHATML_PROMPT)] if text.endswith(_CHATML_PROMPT) else text
+    messages, pos = [], 0
+    for match in _CHATML.finditer(body):
+        if match.start() != pos:
+            break
+        messages.append({"role": match.group(1), "content": match.group(2)})
+        pos = match.end()
+    if pos != len(body) or not messages:
+        raise ValueError(
+            f"the prompt is not ChatML (<|im_start|>role\\ncontent<|im_end|>); cannot split it into chat "
+            f"messages near {body[pos:pos + 60]!r}. Pass OpenAIPolicy(parse_messages=...) for your chat "
+            "template, or call generate_messages() with the messages themselves."
+        )
+    return messages
+
+
+def assert_trainable(trajectories: Sequence[Trajectory]) -> None:
+    """Refuse to train on turns that are not token-exact.
+
+    A trajectory is trainable when the sampler's logprob of every sampled token
+    (``loss_mask == 1``) is finite. Text-mode turns of ``OpenAIPolicy`` carry NaN logprobs
+    (their ids were re-tokenized on the client), so a trajectory holding one fails.
+
+    Raises:
+        ValueError: Naming the offending trajectories and how to fix it.
+    """
+    bad = []
+    for i, traj in enumerate(trajectories):
+        if any(m and not math.isfinite(lp) for m, lp in zip(traj.loss_mask, traj.logprobs)):
+            bad.append(i)
+    if bad:
+        raise ValueError(
+            f"{len(bad)} of {len(trajectories)} trajectories (rows {bad[:10]}{' ...' if len(bad) > 10 else ''}) "
+            "have sampled tokens without a finite sampler logprob: they are not token-exact (e.g. made by "
+            "OpenAIPolicy(mode='text'), whose ids are re-tokenized text) and cannot be trained on. Use "
+            "mode='tokens' against a server that returns token ids and logprobs (vLLM, turnrl serve-policy) "
+            "for training; keep text mode for evaluation."
+        )
+
+
+class OpenAIPolicy:
+    """A policy backend on an OpenAI-compatible server (see the module docstring).
+
+    Args:
+        base_url: the server, ``http://HOST:PORT`` or its ``.../v1`` prefix.
+        model: the model name the server serves (``GET {base}/v1/models`` lists them).
+        mode: ``"tokens"`` (token-exact, ``/v1/completions``) or ``"text"`` (eval only,
+            ``/v1/chat/completions``).
+        api_key_env: name of the environment variable holding the API key, read once here and
+            sent as ``Authorization: Bearer ...``. Unset or empty: no key is sent (local servers
+            need none). The key itself never comes from config text.
+        timeout_s: seconds one try may take.
+        retries: tries after the first (0: none) on connection errors, timeouts, 5xx and 429.
+        backoff_s: seconds before the first retry, doubled for each next one.
+        max_concurrency: requests in flight at once (per event loop).
+        tokenizer: the policy's tokenizer. Text mode needs it (to decode prompts and
+            re-tokenize replies); token mode uses its ``eos_token_id``.
+        eos_token_id: the end-of-turn id, sent as ``stop_token_ids``; default
+            ``tokenizer.eos_token_id``. None: the server's own end-of-sequence.
+        parse_messages: text mode: prompt text -> chat messages (default ``parse_chatml``).
+
+    Raises:
+        ValueError: On a malformed URL, an unknown mode, out-of-range numbers, or text mode
+            without a tokenizer.
+    """
+
+    def __init__(self, base_url: str, model: str, *, mode: Mode = "tokens", api_key_env: str = "OPENAI_API_KEY",
+                 timeout_s: float = 60, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 32,
+                 tokenizer=None, eos_token_id: int | None = None,
+                 parse_messages: Callable[[str], list[dict]] | None = None) -> None:
+        if mode not in ("tokens", "text"):
+            raise ValueError(f"mode must be 'tokens' (token-exact, trainable) or 'text' (eval only), got {mode!r}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be the served model's name (see GET /v1/models), got {model!r}")
+        _check_number("timeout_s", timeout_s, minimum=0, strict=True)
+        _check_number("backoff_s", backoff_s, minimum=0)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0 (tries after the first), got {retries!r}")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if mode == "text" and tokenizer is None:
+            raise ValueError("mode='text' needs the policy's tokenizer (to decode prompts into messages and "
+                             "re-tokenize the replies); pass tokenizer=...")
+        self.api_url = _api_url(base_url)
+        self.model, self.mode = model, mode
+        self.timeout_s, self.retries, self.backoff_s = float(timeout_s), retries, float(backoff_s)
+        self.max_concurrency = max_concurrency
+        self.tokenizer = tokenizer
+        self.eos_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        self.parse_messages = parse_messages or parse_chatml
+        self.api_key_env = api_key_env
+        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self._headers = {"Content-Type": "application/json"}
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"OpenAIPolicy({self.api_url!r}, model={self.model!r}, mode={self.mode!r})"
+
+    # ----------------------------------------------------------------- public
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one assistant turn for each prompt (the ``TransformersPolicy`` interface).
+
+        Returns:
+            ``len(prompts)`` generations in prompt order; ``exact`` is False in text mode.
+
+        Raises:
+            PolicyRequestError: A 4xx answer. PolicyUnavailableError: every try failed.
+            PolicyResponseError: An answer without what this mode needs.
+        """
+        return run_sync(self.agenerate(prompts, params))
+
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """``generate`` as a coroutine (on any event loop)."""
+        if self.mode == "text":
+            conversations = [self.parse_messages(self.tokenizer.decode(list(p), skip_special_tokens=False))
+                             for p in prompts]
+            return await self.agenerate_messages(conversations, params)
+        return await self._gather([self._complete_tokens(list(p), params) for p in prompts])
+
+    def generate_messages(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        """Text mode from chat messages directly: one ``/v1/chat/completions`` per conversation.
+
+        Returns generations with re-tokenized ids, NaN logprobs and ``exact=False`` (needs
+        ``tokenizer``); the reply text is ``tokenizer.decode`` of the ids without the end id.
+        """
+        return run_sync(self.agenerate_messages(conversations, params))
+
+    async def agenerate_messages(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        """``generate_messages`` as a coroutine."""
+        if self.tokenizer is None:
+            raise ValueError("generate_messages needs the policy's tokenizer to re-tokenize replies; "
+                             "pass tokenizer=...")
+        return await self._gather([self._complete_chat(list(c), params) for c in conversations])
+
+    def close(self) -> None:
+        """Close the HTTP clients (best effort)."""
+        with self._lock:
+            clients, self._clients = dict(self._clients), {}
+        for loop, (client, _) in clients.items():
+            if loop.is_closed() or not loop.is_running():
+                continue
+            try:
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=2)
+            except Exception:  # best effort at shutdown
+                pass
+
+    # --------------------------------------------------------------- requests
+    def completion_body(self, prompt: list[int], params: SamplingParams) -> dict:
+        """The JSON body of one token-exact ``/v1/completions`` request."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt, "max_tokens": params.max_new_tokens,
+            "temperature": 0.0 if params.greedy else params.temperature, "n": 1,
+            # neutral values, so a server's generation_config defaults cannot reshape the distribution
+            "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "logprobs": 1, "echo": False, "stream": False,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False,
+        }
+        if self.eos_id is not None:  # stop at the end-of-turn id only, as TransformersPolicy does (a server
+            # would otherwise also stop at every end id of the checkpoint's generation_config)
+            body["stop_token_ids"], body["ignore_eos"] = [int(self.eos_id)], True
+        return body
+
+    def chat_body(self, messages: list[dict], params: SamplingParams) -> dict:
+        """The JSON body of one text-mode ``/v1/chat/completions`` request."""
+        return {"model": self.model, "messages": messages, "max_tokens": params.max_new_tokens,
+                "temperature": 0.0 if params.greedy else params.temperature, "top_p": 1.0, "n": 1,
+                "stream": False}
+
+    async def _gather(self, coros: list) -> list[Generation]:
+        if not coros:
+            return []
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the others
+                tasks = [group.create_task(c) for c in coros]
+        except BaseExceptionGroup as group_error:  # raise the failure itself, not its group
+            raise group_error.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    async def _complete_tokens(self, prompt: list[int], params: SamplingParams) -> Generation:
+        url = f"{self.api_url}/completions"
+        payload = await self._post(url, self.completion_body(prompt, params))
+        return self._token_generation(payload, url)
+
+    async def _complete_chat(self, messages: list[dict], params: SamplingParams) -> Generation:
+        url = f"{self.api_url}/chat/completions"
+        payload = await self._post(url, self.chat_body(messages, params))
+        choice = _first_choice(payload, url)
+        message = choice.get("message")
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if content is not None and not isinstance(content, str):
+            raise PolicyResponseError(f"{url} answered a message whose content is {type(content).__name__}, not text",
+                                      url=url, status=200)
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        ids = list(self.tokenizer(content or "", add_special_tokens=False)["input_ids"])
+        if finish == "stop" and self.eos_id is not None:
+            ids.append(int(self.eos_id))
+        return Generation(ids, [math.nan] * len(ids), finish, exact=False)
+
+    def _token_generation(self, payload: Any, url: str) -> Generation:
+        choice = _first_choice(payload, url)
+        logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+        ids = choice.get("token_ids")
+        if ids is None and isinstance(logprobs.get("tokens"), list):
+            parsed = [_TOKEN_ID.match(t) if isinstance(t, str) else None for t in logprobs["tokens"]]
+            ids = [int(m.group(1)) for m in parsed] if parsed and all(parsed) else None
+        values = logprobs.get("token_logprobs")
+        if not isinstance(ids, list) or not isinstance(values, list):
+            raise PolicyResponseError(
+                f"{url} answered without the sampled token ids and their logprobs; token-exact mode needs a "
+                "server that honours logprobs with return_token_ids / return_tokens_as_token_ids (vLLM, "
+                "turnrl serve-policy). For a text-only server use OpenAIPolicy(mode='text') (evaluation only).",
+                url=url, status=200)
+        if len(ids) != len(values) or not ids:
+            raise PolicyResponseError(f"{url} answered {len(ids)} token ids but {len(values)} logprobs",
+                                      url=url, status=200)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or \
+                not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise PolicyResponseError(f"{url} answered token ids or logprobs that are not numbers (a logprob is "
+                                      "null?)", url=url, status=200)
+        finish = choice.get("finish_reason")
+        if finish not in ("stop", "length"):
+            raise PolicyResponseError(f"{url} answered finish_reason={finish!r}; expected 'stop' or 'length'",
+                                      url=url, status=200)
+        if finish == "stop" and self.eos_id is not None and ids[-1] != self.eos_id:
+            raise PolicyResponseError(
+                f"{url} answered finish_reason='stop' but the token ids do not end with the end-of-turn id "
+                f"{self.eos_id} (stop_reason={choice.get('stop_reason')!r}); the turn cannot be kept token-exact. "
+                "Send no stop strings, and make sure the server returns the stop token in token_ids.",
+                url=url, status=200)
+        return Generation([int(i) for i in ids], [float(v) for v in values], finish)
+
+    async def _post(self, url: str, body: dict) -> Any:
+        import httpx
+
+        data = json.dumps(body).encode()
+        client, slots = self._client()
+        problem, status = "", None
+        async with slots:
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    response = await asyncio.wait_for(
+                        client.post(url, content=data, headers=self._headers, timeout=self.timeout_s), self.timeout_s)
+                except (httpx.TimeoutException, asyncio.TimeoutError):
+                    problem, status = f"no answer within timeout_s={self.timeout_s:g} s", None
+                    continue
+                except httpx.TransportError as e:
+                    problem, status = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, None
+                    continue
+                status = response.status_code
+                if status >= 500 or status in _RETRY_STATUSES:
+                    problem = f"HTTP {status}: {_server_message(response)}"
+                    continue
+                if status >= 400:
+                    raise self._refused(url, response)
+                try:
+                    return response.json()
+                except ValueError:
+                    raise PolicyResponseError(f"{url} answered HTTP {status} with a body that is not JSON: "
+                                              f"{response.text[:200]!r}", url=url, status=status) from None
+        tries = self.retries + 1
+        raise PolicyUnavailableError(
+            f"the policy server at {url} did not answer after {tries} {'try' if tries == 1 else 'tries'} "
+            f"(last problem: {problem}); is it running and reachable?", url=url, status=status,
+            server_message=problem)
+
+    def _refused(self, url: str, response: httpx.Response) -> PolicyRequestError:
+        status, message = response.status_code, _server_message(response)
+        hint = ""
+        if status in (401, 403):
+            hint = (f"; set the API key in the environment variable {self.api_key_env!r}" if self.api_key_env
+                    else "; the server wants an API key (OpenAIPolicy(api_key_env=...))")
+        elif status == 404:
+            hint = f"; check the model name {self.model!r} and the URL (GET {self.api_url}/models lists the models)"
+        return PolicyRequestError(f"the policy server at {url} refused the request: HTTP {status}: {message}{hint}",
+                                  url=url, status=status, server_message=message)
+
+    def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            entry = self._clients.get(loop)
+            if entry is None:
+                limits = httpx.Limits(max_connections=self.max_concurrency,
+                                      max_keepalive_connections=self.max_concurrency)
+                entry = (httpx.AsyncClient(limits=limits, trust_env=False), asyncio.Semaphore(self.max_concurrency))
+                self._clients[loop] = entry
+            return entry
+
+
+# ------------------------------------------------------------------ helpers
+def _api_url(base_url: str) -> str:
+    if not isinstance(base_url, str):
+        raise ValueError(f"base_url must be a string such as 'http://127.0.0.1:8000', got {base_url!r}")
+    parsed = urlsplit(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"base_url must look like 'http://127.0.0.1:8000' (or '.../v1'), got {base_url!r}")
+    url = base_url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def _check_number(name: str, value: Any, minimum: float, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):
+        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {minimum:g} (seconds), got {value!r}")
+
+
+def _first_choice(payload: Any, url: str) -> Mapping:
+    choices = payload.get("choices") if isinstance(payload, Mapping) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise PolicyResponseError(f"{url} answered without a 'choices' list: {str(payload)[:200]}", url=url, status=200)
+    return choices[0]
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The error text of an answer: OpenAI's ``{"error": {"message"}}``, vLLM's ``{"message"}``, or the body."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(payload.get("message"), str):
+            return payload["message"]
+    return str(payload)[:300]

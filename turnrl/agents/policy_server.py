@@ -1,0 +1,644 @@
+"""``PolicyServer``: an OpenAI-compatible HTTP server sampling from a transformers model through
+``TransformersPolicy``, and ``spawn_policy_server`` to run one in a subprocess.
+
+Run it as ``python -m turnrl serve-policy --path CHECKPOINT --port 8001`` and point
+``OpenAIPolicy`` (or anything that speaks the OpenAI API) at it. Built on the standard
+library's ``ThreadingHTTPServer`` like ``turnrl.envs.server``: each connection gets a thread;
+every request's prompts go into one queue, and a batching thread gathers what arrives within
+``batch_window_s`` (up to ``max_batch`` rows with equal sampling parameters) into a single
+``TransformersPolicy.generate`` call. Sampling uses one generator seeded with ``seed``; the
+draws a request gets depend on what it was batched with, so results are reproducible for a
+fixed sequence of one-at-a-time requests.
+
+Endpoints (JSON in, JSON out):
+
+* ``GET /v1/models`` -> ``{"object": "list", "data": [{"id": NAME, "object": "model",
+  "owned_by": "turnrl", "max_model_len": N}]}``.
+* ``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of either
+  (a batch). Honoured: ``model``, ``max_tokens`` (default 16), ``temperature`` (default 1; 0
+  means greedy, whose logprobs are at temperature 1), ``n``, ``add_special_tokens`` (text
+  prompts; default true, as in vLLM), ``logprobs`` (null, 0 or 1: the
+  sampled token's logprob; ``top_logprobs`` holds only the sampled token),
+  ``stop_token_ids`` (only the end-of-turn id, which always stops; ``ignore_eos`` only with
+  it, where it changes nothing), ``skip_special_tokens``
+  (text only), and vLLM's ``return_tokens_as_token_ids`` (``tokens`` are ``"token_id:N"``)
+  and ``return_token_ids`` (each choice carries ``token_ids`` and ``prompt_token_ids``).
+  Each choice is ``{"index", "text", "logprobs": {"tokens", "token_logprobs",
+  "top_logprobs", "text_offset"} | null, "finish_reason": "stop"|"length", "stop_reason":
+  null}``; ``token_ids`` end with the end-of-turn id when it was sampled (the text never
+  holds it). Choices of a batch are ordered prompt by prompt, ``n`` per prompt.
+* ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat template
+  (generation prompt added); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
+  ``n``. Replies with text only: ``{"choices": [{"index", "message": {"role": "assistant",
+  "content"}, "finish_reason", "logprobs": null}], "usage"}``.
+* ``GET /health`` -> ``{"status": "ok"}``; ``GET /stats`` -> request, batch and token counts.
+
+Sampling knobs the server cannot honour are refused, never ignored: ``top_p`` other than 1,
+``top_k`` other than -1/0, ``min_p``/penalties away from neutral, ``stop`` strings, ``seed``,
+``echo``, ``stream``, ``logprobs`` > 1, ``suffix``, tools. Other unknown fields
+are ignored (as vLLM does). Errors are OpenAI-style ``{"error": {"message", "type", "param",
+"code"}}``: 400 a bad body (the message says which field and how to fix it), 401 a missing or
+wrong API key (when the server has one), 404 an unknown path or model, 405 a wrong method, 413
+a body over ``MAX_BODY_BYTES``, 500 a failure while generating (the server keeps running).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from turnrl.agents.hf_policy import TransformersPolicy
+from turnrl.agents.sampling import Generation, SamplingParams
+
+__all__ = ["MAX_BODY_BYTES", "PolicyServer", "SpawnedPolicyServer", "spawn_policy_server"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 << 20
+"""Largest request body accepted (8 MiB); larger ones get 413."""
+_ENDPOINTS = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /stats"
+_SERVING_LINE = re.compile(r"serving policy at (http://\S+)")
+
+
+class _HTTPError(Exception):
+    """A request failure: status, message (what was wrong and how to fix it), offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error", 413: "invalid_request_error"}.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def _bad(message: str, param: str | None = None) -> _HTTPError:
+    return _HTTPError(HTTPStatus.BAD_REQUEST, message, param)
+
+
+@dataclass
+class _Job:
+    """One row to sample: its prompt ids and parameters, and where the result lands."""
+
+    prompt: list[int]
+    params: SamplingParams
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Generation | None = None
+    error: BaseException | None = None
+
+
+class PolicyServer:
+    """Serve ``model`` over an OpenAI-compatible HTTP API (see the module docstring).
+
+    Use as a context manager, or ``start()`` then ``stop()``.
+
+    Args:
+        model: a causal LM (moved to nothing: it runs where it is, in eval mode).
+        tokenizer: its tokenizer (with a chat template for ``/v1/chat/completions``).
+        host: interface to bind (``127.0.0.1``: this machine only; ``0.0.0.0``: all).
+        port: TCP port; 0 picks a free one (read ``url`` after ``start()``).
+        model_name: the name served at ``/v1/models``; requests naming another model get 404.
+        max_batch: most rows in one ``generate`` call.
+        batch_window_s: how long the batcher waits for more rows after the first arrives.
+        seed: seed of the sampling generator.
+        api_key: when set, requests must send ``Authorization: Bearer <api_key>`` (else 401).
+        max_tokens_limit: largest ``max_tokens`` a request may ask for.
+
+    Raises:
+        ValueError: On out-of-range arguments.
+    """
+
+    def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, *, model_name: str = "turnrl-policy",
+                 max_batch: int = 64, batch_window_s: float = 0.005, seed: int = 0, api_key: str | None = None,
+                 max_tokens_limit: int = 4096) -> None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
+        for name, value in (("max_batch", max_batch), ("max_tokens_limit", max_tokens_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(batch_window_s, bool) or not isinstance(batch_window_s, (int, float)) or batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be a number of seconds >= 0, got {batch_window_s!r}")
+        if not isinstance(model_name, str) or not model_name:
+            raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.policy = TransformersPolicy(model, tokenizer, seed=seed)
+        self.host, self.port, self.model_name = host, port, model_name
+        self.max_batch, self.batch_window_s = max_batch, float(batch_window_s)
+        self.max_tokens_limit, self.api_key = max_tokens_limit, api_key or None
+        self.vocab_size = len(tokenizer)
+        self.max_model_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._stats = {"requests": 0, "rows": 0, "batches": 0, "generated_tokens": 0, "in_flight": 0}
+        self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._connections: set[socket.socket] = set()
+
+    # --------------------------------------------------------------- running
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (the bound port once started)."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> PolicyServer:
+        """Bind and serve in background threads; returns self.
+
+        Raises:
+            RuntimeError: If already started. OSError: If the address cannot be bound.
+        """
+        if self._httpd is not None:
+            raise RuntimeError("the server is already started; stop() it first")
+        httpd = ThreadingHTTPServer((self.host, self.port), _handler_class(self))
+        httpd.daemon_threads = True
+        self._httpd, self.port = httpd, httpd.server_address[1]
+        self._threads = [
+            threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                             name=f"policy-server-{self.port}", daemon=True),
+            threading.Thread(target=self._batch_loop, name=f"policy-batcher-{self.port}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (idempotent); rows still queued fail with 500."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+        for sock in connections:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._httpd, self._threads = None, []
+
+    def __enter__(self) -> PolicyServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> dict:
+        """Counts so far: requests, rows sampled, generate batches, generated tokens, rows in flight."""
+        with self._lock:
+            return dict(self._stats)
+
+    # -------------------------------------------------------------- batching
+    def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Queue ``prompts`` for the batcher and wait for their generations (in order)."""
+        jobs = [_Job(p, params) for p in prompts]
+        with self._lock:
+            self._stats["in_flight"] += len(jobs)
+        try:
+            for job in jobs:
+                self._queue.put(job)
+            for job in jobs:
+                job.done.wait()
+        finally:
+            with self._lock:
+                self._stats["in_flight"] -= len(jobs)
+        for job in jobs:
+            if job.error is not None:
+                raise _HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                 f"generation failed: {type(job.error).__name__}: {job.error}")
+        return [job.result for job in jobs]  # type: ignore[misc]
+
+    def _batch_loop(self) -> None:
+        pending: list[_Job] = []
+        while True:
+            if not pending:
+                first = self._queue.get()
+                if first is None:
+                    return
+                pending.append(first)
+            deadline = time.monotonic() + self.batch_window_s
+            while True:  # gather what arrives within the window
+                left = deadline - time.monotonic()
+                try:
+                    job = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._fail(pending, RuntimeError("the server is stopping"))
+                    return
+                pending.append(job)
+            params = pending[0].params
+            batch = [j for j in pending if j.params == params][: self.max_batch]
+            chosen = {id(j) for j in batch}
+            pending = [j for j in pending if id(j) not in chosen]
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        try:
+            generations = self.policy.generate([j.prompt for j in batch], batch[0].params)
+        except Exception as e:  # a failing batch fails its rows, not the server
+            log.exception("generate failed on a batch of %d", len(batch))
+            self._fail(batch, e)
+            return
+        with self._lock:
+            self._stats["batches"] += 1
+            self._stats["rows"] += len(batch)
+            self._stats["generated_tokens"] += sum(len(g.token_ids) for g in generations)
+        for job, gen in zip(batch, generations):
+            job.result = gen
+            job.done.set()
+
+    @staticmethod
+    def _fail(jobs: list[_Job], error: BaseException) -> None:
+        for job in jobs:
+            job.error = error
+            job.done.set()
+
+    # -------------------------------------------------------------- endpoints
+    def models(self) -> dict:
+        """The ``GET /v1/models`` reply."""
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "turnrl", "max_model_len": self.max_model_len}]}
+
+    def completions(self, body: dict) -> dict:
+        """``POST /v1/completions`` (see the module docstring)."""
+        self._check_model(body)
+        _refuse_unsupported(body)
+        prompts = self._prompts(body.get("prompt"), _flag(body, "add_special_tokens", default=True))
+        params, n = self._sampling(body, "max_tokens")
+        logprobs = _optional_int(body, "logprobs", 0, 1, "the server returns the sampled token's logprob only")
+        stop_ids = body.get("stop_token_ids")
+        if stop_ids is not None:
+            if not isinstance(stop_ids, list) or any(i != self.policy.eos_id for i in stop_ids):
+                raise _bad(f"stop_token_ids may only hold the end-of-turn id {self.policy.eos_id} (which always "
+                           f"stops), got {stop_ids!r}", "stop_token_ids")
+        if _flag(body, "ignore_eos") and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
+            raise _bad("ignore_eos=true is only supported together with stop_token_ids=[end-of-turn id]: "
+                       "generation always stops at the end-of-turn id", "ignore_eos")
+        as_ids = _flag(body, "return_tokens_as_token_ids")
+        with_ids = _flag(body, "return_token_ids")
+        skip_special = _flag(body, "skip_special_tokens", default=True)
+        self._check_lengths(prompts, params)
+        generations = self.sample([p for p in prompts for _ in range(n)], params)
+        choices = []
+        for index, gen in enumerate(generations):
+            prompt = prompts[index // n]
+            body_ids = self._body(gen)
+            choice: dict[str, Any] = {
+                "index": index, "text": self.tokenizer.decode(body_ids, skip_special_tokens=skip_special),
+                "logprobs": None if logprobs is None else self._logprobs(gen, as_ids),
+                "finish_reason": gen.finish_reason, "stop_reason": None,
+            }
+            if with_ids:
+                choice["token_ids"], choice["prompt_token_ids"] = list(gen.token_ids), list(prompt)
+            choices.append(choice)
+        return self._reply("cmpl", "text_completion", choices, prompts, n, generations)
+
+    def chat_completions(self, body: dict) -> dict:
+        """``POST /v1/chat/completions`` (text only; see the module docstring)."""
+        self._check_model(body)
+        _refuse_unsupported(body)
+        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+            raise _bad("logprobs are not served on /v1/chat/completions; use /v1/completions with token-id "
+                       "prompts for token-exact ids and logprobs", "logprobs")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' must be a non-empty list of {\"role\": str, \"content\": str}", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise _bad(f"messages[{i}] must be {{\"role\": str, \"content\": str}}, got {str(m)[:100]}", "messages")
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        params, n = self._sampling(body, key)
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise _bad("the served tokenizer has no chat template; use /v1/completions", "messages")
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                                      tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # the template rejected the conversation (e.g. a role it does not know)
+            raise _bad(f"the chat template cannot render these messages: {type(e).__name__}: {e}", "messages") from e
+        prompt = self._encode(text)
+        self._check_lengths([prompt], params)
+        generations = self.sample([prompt] * n, params)
+        choices = [{"index": i, "message": {"role": "assistant",
+                                            "content": self.tokenizer.decode(self._body(g), skip_special_tokens=True)},
+                    "finish_reason": g.finish_reason, "logprobs": None} for i, g in enumerate(generations)]
+        return self._reply("chatcmpl", "chat.completion", choices, [prompt], n, generations)
+
+    # --------------------------------------------------------------- helpers
+    def _reply(self, prefix: str, kind: str, choices: list, prompts: list, n: int, gens: list[Generation]) -> dict:
+        with self._lock:
+            self._stats["requests"] += 1
+        prompt_tokens = sum(len(p) for p in prompts) * n
+        completion_tokens = sum(len(g.token_ids) for g in gens)
+        return {"id": f"{prefix}-{secrets.token_hex(12)}", "object": kind, "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    def _body(self, gen: Generation) -> list[int]:
+        ids = gen.token_ids
+        return ids[:-1] if gen.finish_reason == "stop" and ids and ids[-1] == self.policy.eos_id else ids
+
+    def _logprobs(self, gen: Generation, as_ids: bool) -> dict:
+        tokens = [f"token_id:{i}" if as_ids else self.tokenizer.decode([i], skip_special_tokens=False)
+                  for i in gen.token_ids]
+        offsets, pos = [], 0
+        for i in gen.token_ids:  # offsets from per-token decodes (approximate inside multi-byte characters)
+            offsets.append(pos)
+            pos += len(self.tokenizer.decode([i], skip_special_tokens=False))
+        return {"tokens": tokens, "token_logprobs": list(gen.logprobs),
+                "top_logprobs": [{t: lp} for t, lp in zip(tokens, gen.logprobs)], "text_offset": offsets}
+
+    def _check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise _HTTPError(HTTPStatus.NOT_FOUND, f"the model {model!r} is not served here; this server serves "
+                                                   f"{self.model_name!r} (GET /v1/models)", "model")
+
+    def _prompts(self, prompt: Any, special: bool) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [self._encode(prompt, special)]
+        if isinstance(prompt, list) and prompt:
+            if all(_is_int(t) for t in prompt):
+                return [self._check_ids(prompt, "prompt")]
+            if all(isinstance(p, str) for p in prompt):
+                return [self._encode(p, special) for p in prompt]
+            if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+                return [self._check_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        raise _bad("'prompt' must be a string, a non-empty list of token ids, or a non-empty list of either "
+                   f"(a batch); got {str(prompt)[:100]}", "prompt")
+
+    def _encode(self, text: str, special: bool = False) -> list[int]:
+        with self._tokenizer_lock:  # a fast tokenizer's settings are shared state: one caller at a time
+            ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if not ids:
+            raise _bad("'prompt' is an empty string; send at least one token", "prompt")
+        return ids
+
+    def _check_ids(self, ids: list[int], where: str) -> list[int]:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise _bad(f"{where} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", "prompt")
+        return [int(t) for t in ids]
+
+    def _sampling(self, body: dict, max_key: str) -> tuple[SamplingParams, int]:
+        max_tokens = _optional_int(body, max_key, 1, self.max_tokens_limit, "")
+        n = _optional_int(body, "n", 1, 64, "")
+        temperature = body.get("temperature")
+        if temperature is None:
+            temperature = 1.0
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or \
+                not math.isfinite(temperature) or temperature < 0:
+            raise _bad(f"'temperature' must be a number >= 0 (0: greedy), got {temperature!r}", "temperature")
+        greedy = temperature == 0
+        params = SamplingParams(max_new_tokens=16 if max_tokens is None else max_tokens,
+                                temperature=1.0 if greedy else float(temperature), greedy=greedy)
+        return params, 1 if n is None else n
+
+    def _check_lengths(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        if self.max_model_len is None:
+            return
+        longest = max(len(p) for p in prompts)
+        if longest + params.max_new_tokens > self.max_model_len:
+            raise _bad(f"a prompt of {longest} tokens plus max_tokens={params.max_new_tokens} exceeds the model's "
+                       f"context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens", "max_tokens")
+
+    def _authorized(self, header: str | None) -> bool:
+        if self.api_key is None:
+            return True
+        return header is not None and secrets.compare_digest(header, f"Bearer {self.api_key}")
+
+    def _track(self, sock: socket.socket, open_: bool) -> None:
+        with self._lock:
+            if open_:
+                self._connections.add(sock)
+            else:
+                self._connections.discard(sock)
+
+
+# Refused request fields: name -> (value(s) that are fine, why the others are refused)
+_NEUTRAL: dict[str, tuple[tuple, str]] = {
+    "top_p": ((None, 1, 1.0), "nucleus sampling is not implemented; the full distribution is sampled"),
+    "top_k": ((None, -1, 0), "top-k sampling is not implemented; the full distribution is sampled"),
+    "min_p": ((None, 0, 0.0), "min-p sampling is not implemented"),
+    "presence_penalty": ((None, 0, 0.0), "penalties are not implemented"),
+    "frequency_penalty": ((None, 0, 0.0), "penalties are not implemented"),
+    "repetition_penalty": ((None, 1, 1.0), "penalties are not implemented"),
+    "seed": ((None,), "per-request seeds are not supported: the server samples from one generator seeded at start "
+                      "(--seed)"),
+    "echo": ((None, False), "echo is not supported"),
+    "stream": ((None, False), "streaming is not supported; send stream=false"),
+    "suffix": ((None, ""), "suffix is not supported"),
+    "best_of": ((None, 1), "best_of is not supported"),
+    "logit_bias": ((None,), "logit_bias is not supported"),
+    "tools": ((None,), "tools are not rendered by this server; put tool schemas in the messages"),
+    "response_format": ((None,), "structured output is not supported"),
+}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, (fine, why) in _NEUTRAL.items():
+        value = body.get(name)
+        if isinstance(value, bool) and not any(isinstance(f, bool) for f in fine):
+            raise _bad(f"{name}={value!r} is not supported by this server: {why}", name)
+        if value not in fine and not (name == "logit_bias" and value == {}) and not (name == "tools" and value == []):
+            raise _bad(f"{name}={value!r} is not supported by this server: {why}", name)
+    stop = body.get("stop")
+    if stop not in (None, "", []):
+        raise _bad(f"stop={stop!r}: stop strings are not supported (generation stops at the end-of-turn id); "
+                   "drop 'stop'", "stop")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_int(body: dict, name: str, low: int, high: int, note: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise _bad(f"'{name}' must be an integer in [{low}, {high}], got {value!r}" + (f" ({note})" if note else ""),
+                   name)
+    return value
+
+
+def _flag(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be true or false, got {value!r}", name)
+    return value
+
+
+# ------------------------------------------------------------------ handler
+def _handler_class(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(_Handler):
+        policy_server = server
+
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Routes requests to a ``PolicyServer``; every reply is JSON with a Content-Length."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
+    policy_server: PolicyServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def setup(self) -> None:
+        super().setup()
+        self.policy_server._track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        self.policy_server._track(self.connection, open_=False)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            raw = self._read_body()
+            reply, status = self._route(method, self.path.split("?", 1)[0], raw), HTTPStatus.OK
+        except _HTTPError as e:
+            status, reply = e.status, e.body()
+            if status >= 500:
+                log.warning("%s %s -> %d: %s", method, self.path, status, e.message)
+        except Exception as e:  # a bug in the server: report it, keep serving
+            log.exception("request %s %s failed", method, self.path)
+            status = HTTPStatus.INTERNAL_SERVER_ERROR
+            reply = _HTTPError(status, f"the policy server failed: {type(e).__name__}: {e}").body()
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread: the connection cannot be reused
+            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                             f"the body has {length} bytes; at most {MAX_BODY_BYTES} are accepted")
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _route(self, method: str, path: str, raw: bytes) -> dict:
+        server = self.policy_server
+        routes = {"/v1/models": ("GET", lambda: server.models()),
+                  "/health": ("GET", lambda: {"status": "ok"}),
+                  "/stats": ("GET", lambda: server.stats()),
+                  "/v1/completions": ("POST", lambda: server.completions(_parse_json(raw, path))),
+                  "/v1/chat/completions": ("POST", lambda: server.chat_completions(_parse_json(raw, path)))}
+        if path not in routes:
+            raise _HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
+        allowed, handler = routes[path]
+        if method != allowed:
+            raise _HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
+        if path.startswith("/v1/") and not server._authorized(self.headers.get("Authorization")):
+            raise _HTTPError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key; send 'Authorization: Bearer <key>'")
+        return handler()
+
+
+def _parse_json(raw: bytes, path: str) -> dict:
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _bad(f"the body of POST {path} is not JSON ({e}); send a JSON object") from e
+    if not isinstance(body, dict):
+        raise _bad(f"the body of POST {path} must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# --------------------------------------------------------------- subprocess
+@dataclass
+class SpawnedPolicyServer:
+    """A ``turnrl serve-policy`` subprocess: its ``url`` and ``process``; ``stop()`` ends it."""
+
+    url: str
+    process: subprocess.Popen
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s`` (idempotent)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> SpawnedPolicyServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn_policy_server(path: str, args: Sequence[str] = (), *, timeout_s: float = 120.0,
+                        env: dict | None = None) -> SpawnedPolicyServer:
+    """Start ``python -m turnrl serve-policy --path PATH [ARGS]`` and wait until it listens.
+
+    Args:
+        path: the checkpoint (``save_pretrained`` folder of a model and its tokenizer).
+        args: further ``serve-policy`` arguments, e.g. ``["--port", "8001", "--threads", "1"]``.
+        timeout_s: seconds to wait for the ``serving policy at URL`` line.
+        env: the subprocess's environment (default: this one's).
+
+    Raises:
+        RuntimeError: If the server exits or stays silent, with what it printed.
+    """
+    command = [sys.executable, "-m", "turnrl", "serve-policy", "--path", str(path), *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ) if env is None else env)
+    lines: list[str] = []
+    found: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            match = _SERVING_LINE.search(line)
+            if match and not found:
+                found.append(match.group(1))
+        process.stdout.close()  # drained until exit, so the server never blocks on a full pipe
+
+    reader = threading.Thread(target=read, name="policy-server-stdout", daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    while not found and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not found:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        raise RuntimeError(f"`{' '.join(command)}` did not start serving within {timeout_s:g} s "
+                           f"(exit code {process.returncode}); it printed:\n{''.join(lines)[-3000:]}")
+    return SpawnedPolicyServer(found[0], process)

@@ -1,0 +1,315 @@
+"""Resumable checkpoints: everything a run needs to continue exactly, saved atomically.
+
+Every ``trainer.checkpoint_every`` steps the trainer writes ``RUN_DIR/checkpoints/step-NNNNNNNN/``:
+
+- ``model/``: ``save_pretrained`` of the policy and its tokenizer (also a valid ``agent.path``);
+- ``modules.pt``: state dicts of the other trained or frozen modules (the KL reference model,
+  a separate critic, a shared value head, a learned reward model), by name;
+- ``optimizers.pt``: optimizer state dicts, by name (``policy``, ``critic``);
+- ``metrics.jsonl``: the run's metrics log up to and including that step (the logger's
+  position: a resume rewrites the run's log to it, so no line is ever duplicated);
+- ``config.yaml``: the config of the run (a resume warns about keys that changed);
+- ``state.pt``: a ``TrainingState`` (step, KL coefficient, the RNG states; the task RNG's state
+  is the data cursor). Written last.
+
+Atomicity: a checkpoint is written into a sibling ``.tmp-step-...`` folder, every file is
+fsynced, and the folder is renamed to ``step-NNNNNNNN`` in one ``os.replace``. Only complete
+checkpoints carry that name, so a crash at any point of a save (even SIGKILL) leaves the
+previous checkpoint intact and the latest complete one is what ``latest_checkpoint`` finds.
+Older checkpoints are deleted only after the new one is in place; a leftover temporary
+folder is deleted by the next save.
+
+In-flight rollouts: the loop is synchronous. A step collects its rollouts, scores them,
+updates on them and drops them before the step ends, and checkpoints are taken between
+steps, so no rollout is ever in flight at a checkpoint and none has to be saved: a resumed
+run recollects step ``k + 1`` from the restored policy and RNG states exactly as the
+uninterrupted run did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "state.pt"
+MODEL_DIR = "model"
+LOG_FILE = "metrics.jsonl"
+_TMP_PREFIX = ".tmp-"
+_NAME = re.compile(r"^step-(\d{8,})$")
+
+
+@dataclass
+class TrainingState:
+    """The loop's own state between two steps (everything but modules and optimizers).
+
+    Attributes:
+        step: RL steps completed.
+        kl_coef: the KL controller's current coefficient.
+        task_rng: ``bit_generator.state`` of the task RNG (the data cursor).
+        policy_rng: state of the policy's sampling generator.
+        global_rng: ``global_rng_state()`` (torch, CUDA, numpy and python ``random``).
+        model_training: whether the policy was in train mode.
+        dtype: the policy's parameter dtype (``"float32"``, ...), to reload it in.
+        warned: keys of the once-per-run warnings already given.
+    """
+
+    step: int
+    kl_coef: float
+    task_rng: dict
+    policy_rng: torch.Tensor
+    global_rng: dict
+    model_training: bool = True
+    dtype: str = "float32"
+    warned: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read back by ``read_checkpoint``."""
+
+    path: Path
+    state: TrainingState
+    modules: dict[str, dict]
+    optimizers: dict[str, dict]
+    log_text: str
+    config_yaml: str
+
+    @property
+    def model_dir(self) -> Path:
+        """The ``save_pretrained`` folder of the policy and tokenizer."""
+        return self.path / MODEL_DIR
+
+    def module(self, name: str) -> dict:
+        """The state dict saved under ``name``; a clear error when there is none."""
+        return _pick(self.modules, name, "module", self.path)
+
+    def optimizer(self, name: str) -> dict:
+        """The optimizer state saved under ``name``; a clear error when there is none."""
+        return _pick(self.optimizers, name, "optimizer", self.path)
+
+    def log_rows(self) -> list[dict]:
+        """The saved metrics log, one dict per line."""
+        return [json.loads(line) for line in self.log_text.splitlines() if line.strip()]
+
+    def history(self) -> tuple[list[dict], list[tuple[int, dict]]]:
+        """``(train, evals)`` as ``TrainResult`` holds them, rebuilt from the saved log."""
+        train, evals = [], []
+        for row in self.log_rows():
+            kind = row.pop("kind", "train")
+            if kind == "train":
+                train.append(row)
+            elif kind == "eval":
+                step = row.pop("step")
+                evals.append((step, row))
+        return train, evals
+
+
+def _pick(saved: dict, name: str, what: str, path: Path) -> dict:
+    if name not in saved:
+        raise ValueError(f"checkpoint {path} has no {what} {name!r} (it has {sorted(saved)}); it was saved by a "
+                         "run with other algorithm settings: resume with the config it was saved with")
+    return saved[name]
+
+
+def global_rng_state() -> dict:
+    """The states of the global RNGs: torch (CPU and, when initialised, CUDA), numpy, python."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "numpy": (kind, key.tolist(), pos, has_gauss, gauss),
+            "python": random.getstate()}
+
+
+def set_global_rng_state(state: dict) -> None:
+    """Restore what ``global_rng_state`` returned."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+def step_dir_name(step: int) -> str:
+    """``step-00000012``: zero-padded so names sort by step."""
+    return f"step-{step:08d}"
+
+
+def write_checkpoint(run_dir: str | Path, state: TrainingState, model, tokenizer, modules: dict[str, dict],
+                     optimizers: dict[str, dict], config_yaml: str, keep: int = 1,
+                     after_write: Callable[[Path], None] | None = None) -> Path:
+    """Write a checkpoint of ``state.step`` atomically into ``run_dir/checkpoints``.
+
+    Args:
+        run_dir: the run folder; its ``metrics.jsonl`` (if any) is copied in.
+        state: the loop state.
+        model: the policy (``save_pretrained``).
+        tokenizer: its tokenizer (``save_pretrained``).
+        modules: state dicts of the other modules, by name.
+        optimizers: optimizer state dicts, by name.
+        config_yaml: the run's config as YAML.
+        keep: complete checkpoints to keep (the newest); older ones are deleted after this
+            one is in place.
+        after_write: called with the path of each file or folder once it is written inside
+            the temporary folder (a hook for progress or for testing a crash mid-save); an
+            exception it raises aborts the save and removes the temporary folder.
+
+    Returns:
+        The checkpoint folder.
+
+    Raises:
+        ValueError: If ``keep < 1``, or a checkpoint of this step already exists.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the checkpoint just written is kept), got {keep}")
+    run_dir = Path(run_dir)
+    root = run_dir / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(state.step)
+    if final.exists():
+        raise ValueError(f"a checkpoint of step {state.step} already exists at {final}; resume from the latest "
+                         "checkpoint of a run, or into a fresh run dir")
+    tmp = root / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+
+    def wrote(path: Path) -> None:
+        if after_write is not None:
+            after_write(path)
+
+    try:
+        model.save_pretrained(tmp / MODEL_DIR)
+        tokenizer.save_pretrained(tmp / MODEL_DIR)
+        wrote(tmp / MODEL_DIR)
+        torch.save(modules, tmp / "modules.pt")
+        wrote(tmp / "modules.pt")
+        torch.save(optimizers, tmp / "optimizers.pt")
+        wrote(tmp / "optimizers.pt")
+        log = run_dir / LOG_FILE
+        (tmp / LOG_FILE).write_bytes(log.read_bytes() if log.exists() else b"")
+        wrote(tmp / LOG_FILE)
+        (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        wrote(tmp / "config.yaml")
+        torch.save(asdict(state), tmp / STATE_FILE)
+        wrote(tmp / STATE_FILE)
+        _fsync_tree(tmp)
+        os.replace(tmp, final)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(root, keep)
+    return final
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint folder written by ``write_checkpoint``.
+
+    Raises:
+        ValueError: If ``path`` is not a complete checkpoint.
+    """
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {STATE_FILE}); give a checkpoints/step-N folder")
+    state = TrainingState(**torch.load(path / STATE_FILE, weights_only=True))
+    return Checkpoint(
+        path=path, state=state,
+        modules=torch.load(path / "modules.pt", weights_only=True),
+        optimizers=torch.load(path / "optimizers.pt", weights_only=True),
+        log_text=(path / LOG_FILE).read_text(encoding="utf-8"),
+        config_yaml=(path / "config.yaml").read_text(encoding="utf-8"),
+    )
+
+
+def checkpoint_steps(run_dir: str | Path) -> dict[int, Path]:
+    """The complete checkpoints under ``run_dir/checkpoints``, by step (temporary folders of
+    interrupted saves are not among them)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    found = {}
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _NAME.match(child.name)
+            if match and (child / STATE_FILE).is_file():
+                found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint of the highest step under ``run_dir``, or None."""
+    steps = checkpoint_steps(run_dir)
+    return steps[max(steps)] if steps else None
+
+
+def resolve_resume(resume: str | bool | None, run_dir: str | Path) -> Path | None:
+    """The checkpoint folder ``trainer.resume`` names, or None to start fresh.
+
+    Args:
+        resume: None, ``""`` or false: start fresh. ``true`` or ``latest``: the latest
+            checkpoint in ``run_dir`` (None when it has none yet, so the same command line
+            starts a run and resumes it). Else a path: a checkpoint folder (``.../step-N``)
+            or a run dir whose latest checkpoint is taken.
+        run_dir: this run's folder.
+
+    Raises:
+        ValueError: If a path is given that holds no complete checkpoint.
+    """
+    if resume is None or resume is False:
+        return None
+    text = str(resume).strip()
+    if text.lower() in ("", "false", "none", "null"):
+        return None
+    if text.lower() in ("true", "latest"):
+        return latest_checkpoint(run_dir)
+    path = Path(text).expanduser()
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise ValueError(f"trainer.resume={text!r} is neither a checkpoint folder (with {STATE_FILE}) nor a run dir "
+                         f"with {CHECKPOINTS_DIR}/step-N checkpoints; give one of those, or true for this run dir")
+    return latest
+
+
+def restore_log(run_dir: str | Path, checkpoint: Checkpoint) -> None:
+    """Make ``run_dir``'s metrics log the checkpoint's (atomically) and drop its TensorBoard
+    events (the trainer replays the log into fresh ones), so nothing after the checkpoint's
+    step survives and nothing is written twice."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f"{_TMP_PREFIX}{LOG_FILE}"
+    tmp.write_text(checkpoint.log_text, encoding="utf-8")
+    os.replace(tmp, run_dir / LOG_FILE)
+    shutil.rmtree(run_dir / "tb", ignore_errors=True)
+
+
+def _prune(root: Path, keep: int) -> None:
+    for child in root.iterdir():
+        if child.name.startswith(_TMP_PREFIX):
+            shutil.rmtree(child, ignore_errors=True)
+    steps = checkpoint_steps(root.parent)
+    for step in list(steps)[:-keep]:
+        shutil.rmtree(steps[step], ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            _fsync(Path(dirpath) / name)
+        _fsync(Path(dirpath))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
