@@ -51,19 +51,18 @@ import os
 import queue
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.sampling import Generation, SamplingParams
+from turnrl.http_json import HTTPError, JSONHandler, JSONServer
 
 __all__ = ["MAX_BODY_BYTES", "PolicyServer", "SpawnedPolicyServer", "spawn_policy_server"]
 
@@ -75,21 +74,13 @@ _ENDPOINTS = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, G
 _SERVING_LINE = re.compile(r"serving policy at (http://\S+)")
 
 
-class _HTTPError(Exception):
-    """A request failure: status, message (what was wrong and how to fix it), offending field."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-    def body(self) -> dict:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error"}.get(self.status, "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error", 413: "invalid_request_error"}
+"""OpenAI error ``type`` by status (any other: ``"server_error"``)."""
 
 
-def _bad(message: str, param: str | None = None) -> _HTTPError:
-    return _HTTPError(HTTPStatus.BAD_REQUEST, message, param)
+def _bad(message: str, param: str | None = None) -> HTTPError:
+    return HTTPError(HTTPStatus.BAD_REQUEST, message, param=param)
 
 
 @dataclass
@@ -103,7 +94,7 @@ class _Job:
     error: BaseException | None = None
 
 
-class PolicyServer:
+class PolicyServer(JSONServer):
     """Serve ``model`` over an OpenAI-compatible HTTP API (see the module docstring).
 
     Use as a context manager, or ``start()`` then ``stop()``.
@@ -138,7 +129,8 @@ class PolicyServer:
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy = TransformersPolicy(model, tokenizer, seed=seed)
-        self.host, self.port, self.model_name = host, port, model_name
+        super().__init__(host, port, _Handler, "policy-server")
+        self.model_name = model_name
         self.max_batch, self.batch_window_s = max_batch, float(batch_window_s)
         self.max_tokens_limit, self.api_key = max_tokens_limit, api_key or None
         self.vocab_size = len(tokenizer)
@@ -147,59 +139,13 @@ class PolicyServer:
         self._stats = {"requests": 0, "rows": 0, "batches": 0, "generated_tokens": 0, "in_flight": 0}
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._connections: set[socket.socket] = set()
 
     # --------------------------------------------------------------- running
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the bound port once started)."""
-        return f"http://{self.host}:{self.port}"
+    def _background(self) -> list[tuple[str, Callable[[], None]]]:
+        return [("policy-batcher", self._batch_loop)]
 
-    def start(self) -> PolicyServer:
-        """Bind and serve in background threads; returns self.
-
-        Raises:
-            RuntimeError: If already started. OSError: If the address cannot be bound.
-        """
-        if self._httpd is not None:
-            raise RuntimeError("the server is already started; stop() it first")
-        httpd = ThreadingHTTPServer((self.host, self.port), _handler_class(self))
-        httpd.daemon_threads = True
-        self._httpd, self.port = httpd, httpd.server_address[1]
-        self._threads = [
-            threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                             name=f"policy-server-{self.port}", daemon=True),
-            threading.Thread(target=self._batch_loop, name=f"policy-batcher-{self.port}", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving (idempotent); rows still queued fail with 500."""
-        if self._httpd is None:
-            return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        with self._lock:
-            connections, self._connections = list(self._connections), set()
-        for sock in connections:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout=5)
-        self._httpd, self._threads = None, []
-
-    def __enter__(self) -> PolicyServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def _on_stop(self) -> None:
+        self._queue.put(None)  # ends the batcher; rows still queued fail with 500
 
     def stats(self) -> dict:
         """Counts so far: requests, rows sampled, generate batches, generated tokens, rows in flight."""
@@ -222,8 +168,8 @@ class PolicyServer:
                 self._stats["in_flight"] -= len(jobs)
         for job in jobs:
             if job.error is not None:
-                raise _HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                 f"generation failed: {type(job.error).__name__}: {job.error}")
+                raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                f"generation failed: {type(job.error).__name__}: {job.error}")
         return [job.result for job in jobs]  # type: ignore[misc]
 
     def _batch_loop(self) -> None:
@@ -370,8 +316,8 @@ class PolicyServer:
     def _check_model(self, body: dict) -> None:
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise _HTTPError(HTTPStatus.NOT_FOUND, f"the model {model!r} is not served here; this server serves "
-                                                   f"{self.model_name!r} (GET /v1/models)", "model")
+            raise HTTPError(HTTPStatus.NOT_FOUND, f"the model {model!r} is not served here; this server serves "
+                                                  f"{self.model_name!r} (GET /v1/models)", param="model")
 
     def _prompts(self, prompt: Any, special: bool) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -425,13 +371,6 @@ class PolicyServer:
         if self.api_key is None:
             return True
         return header is not None and secrets.compare_digest(header, f"Bearer {self.api_key}")
-
-    def _track(self, sock: socket.socket, open_: bool) -> None:
-        with self._lock:
-            if open_:
-                self._connections.add(sock)
-            else:
-                self._connections.discard(sock)
 
 
 # Refused request fields: name -> (value(s) that are fine, why the others are refused)
@@ -491,79 +430,34 @@ def _flag(body: dict, name: str, default: bool = False) -> bool:
 
 
 # ------------------------------------------------------------------ handler
-def _handler_class(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(_Handler):
-        policy_server = server
+class _Handler(JSONHandler):
+    """Routes requests to a ``PolicyServer``; errors are OpenAI-style."""
 
-    return Handler
+    max_body_bytes = MAX_BODY_BYTES
+    logger = log
+    json_server: PolicyServer
 
+    def error_body(self, error: HTTPError) -> dict:
+        return {"error": {"message": error.error, "type": _ERROR_TYPES.get(error.status, "server_error"),
+                          "param": error.extra.get("param"), "code": error.status}}
 
-class _Handler(BaseHTTPRequestHandler):
-    """Routes requests to a ``PolicyServer``; every reply is JSON with a Content-Length."""
+    def internal_error(self, e: Exception) -> HTTPError:
+        return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the policy server failed: {type(e).__name__}: {e}")
 
-    protocol_version = "HTTP/1.1"  # keep-alive
-    wbufsize = 1 << 16
-    disable_nagle_algorithm = True
-    policy_server: PolicyServer
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def setup(self) -> None:
-        super().setup()
-        self.policy_server._track(self.connection, open_=True)
-
-    def finish(self) -> None:
-        self.policy_server._track(self.connection, open_=False)
-        super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _dispatch(self, method: str) -> None:
-        try:
-            raw = self._read_body()
-            reply, status = self._route(method, self.path.split("?", 1)[0], raw), HTTPStatus.OK
-        except _HTTPError as e:
-            status, reply = e.status, e.body()
-            if status >= 500:
-                log.warning("%s %s -> %d: %s", method, self.path, status, e.message)
-        except Exception as e:  # a bug in the server: report it, keep serving
-            log.exception("request %s %s failed", method, self.path)
-            status = HTTPStatus.INTERNAL_SERVER_ERROR
-            reply = _HTTPError(status, f"the policy server failed: {type(e).__name__}: {e}").body()
-        data = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _read_body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body stays unread: the connection cannot be reused
-            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                             f"the body has {length} bytes; at most {MAX_BODY_BYTES} are accepted")
-        return self.rfile.read(length) if length > 0 else b""
-
-    def _route(self, method: str, path: str, raw: bytes) -> dict:
-        server = self.policy_server
+    def route(self, method: str, path: str) -> dict:
+        raw, server = self.read_body(), self.json_server
         routes = {"/v1/models": ("GET", lambda: server.models()),
                   "/health": ("GET", lambda: {"status": "ok"}),
                   "/stats": ("GET", lambda: server.stats()),
                   "/v1/completions": ("POST", lambda: server.completions(_parse_json(raw, path))),
                   "/v1/chat/completions": ("POST", lambda: server.chat_completions(_parse_json(raw, path)))}
         if path not in routes:
-            raise _HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
+            raise HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
         allowed, handler = routes[path]
         if method != allowed:
-            raise _HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
+            raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
         if path.startswith("/v1/") and not server._authorized(self.headers.get("Authorization")):
-            raise _HTTPError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key; send 'Authorization: Bearer <key>'")
+            raise HTTPError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key; send 'Authorization: Bearer <key>'")
         return handler()
 
 

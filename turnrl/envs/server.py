@@ -61,19 +61,18 @@ import json
 import logging
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import gymnasium
 import numpy as np
 
 import turnrl.envs.registration as registration
+from turnrl.http_json import HTTPError, JSONHandler, JSONServer
 from turnrl.tools.validation import validate_arguments
 
 __all__ = ["EnvServer", "PLAYERS", "REQUEST_SCHEMAS", "MAX_BODY_BYTES", "to_json"]
@@ -123,14 +122,6 @@ _SESSION_PATH = re.compile(r"^/sessions/([A-Za-z0-9_-]+)(?:/(reset|step|player))
 _ENDPOINTS = "GET /info, POST /sessions, POST /sessions/{id}/reset|step|player, DELETE /sessions/{id}"
 
 
-class _HTTPError(Exception):
-    """A request failure: the status and a message telling the client what to fix."""
-
-    def __init__(self, status: int, error: str, /, **extra: Any) -> None:
-        super().__init__(error)
-        self.status, self.error, self.extra = status, error, extra
-
-
 @dataclass
 class _Session:
     env: gymnasium.Env
@@ -141,7 +132,7 @@ class _Session:
     rng_seed: int | None = None
 
 
-class EnvServer:
+class EnvServer(JSONServer):
     """Serve ``env_id`` over HTTP (the endpoints are in the module docstring).
 
     Use as a context manager, or ``start()`` then ``stop()``. The env is made once at
@@ -171,78 +162,30 @@ class EnvServer:
             raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
+        super().__init__(host, port, _Handler, "env-server")
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        self.host, self.port = host, port
         self.session_ttl_s, self.max_sessions = float(session_ttl_s), max_sessions
         probe = self._make_env(self.env_kwargs)
         try:
             self._description = _describe_env(probe)
-        except _HTTPError as e:
+        except HTTPError as e:
             raise ValueError(e.error) from e
         finally:
             probe.close()
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._stopping = threading.Event()
-        self._connections: set[socket.socket] = set()
 
     # --------------------------------------------------------------- running
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the bound port once started)."""
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> EnvServer:
-        """Bind and serve in background threads (and reap idle sessions); returns self.
-
-        Raises:
-            RuntimeError: If already started.
-            OSError: If the address cannot be bound (e.g. the port is taken).
-        """
-        if self._httpd is not None:
-            raise RuntimeError("the server is already started; stop() it first")
-        httpd = ThreadingHTTPServer((self.host, self.port), _handler_class(self))
-        httpd.daemon_threads = True
-        self._httpd, self.port = httpd, httpd.server_address[1]
-        self._stopping.clear()
-        self._threads = [
-            threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                             name=f"env-server-{self.port}", daemon=True),
-            threading.Thread(target=self._reap_loop, name=f"env-reaper-{self.port}", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
-        return self
-
     def stop(self) -> None:
         """Stop serving and close every session's env (idempotent)."""
-        if self._httpd is None:
-            return
-        self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        with self._lock:  # keep-alive connections outlive shutdown(): end them, as a dead server would
-            connections, self._connections = list(self._connections), set()
-        for sock in connections:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for t in self._threads:
-            t.join(timeout=5)
-        self._httpd, self._threads = None, []
+        super().stop()
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
         for s in sessions:
             _close_quietly(s.env)
 
-    def __enter__(self) -> EnvServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def _background(self) -> list[tuple[str, Callable[[], None]]]:
+        return [("env-reaper", self._reap_loop)]  # reaps idle sessions while serving
 
     @property
     def num_sessions(self) -> int:
@@ -262,13 +205,6 @@ class EnvServer:
         if closed:
             log.info("reaped %d idle session(s)", len(closed))
         return len(closed)
-
-    def _track(self, sock: socket.socket, open_: bool) -> None:
-        with self._lock:
-            if open_:
-                self._connections.add(sock)
-            else:
-                self._connections.discard(sock)
 
     def _reap_loop(self) -> None:
         interval = min(max(self.session_ttl_s / 4, 0.05), 30.0)
@@ -300,7 +236,7 @@ class EnvServer:
         try:
             env = self._make_env(kwargs)
         except ValueError as e:
-            raise _HTTPError(HTTPStatus.BAD_REQUEST, f"{e}; pass kwargs the env's constructor accepts",
+            raise HTTPError(HTTPStatus.BAD_REQUEST, f"{e}; pass kwargs the env's constructor accepts",
                              type=type(e.__cause__).__name__, message=str(e.__cause__)) from e
         try:
             description = _describe_env(env)
@@ -317,8 +253,8 @@ class EnvServer:
             raise self._full()
         return {"session_id": sid, "env_id": self.env_id, "kwargs": _jsonable(kwargs, "kwargs"), **description}
 
-    def _full(self) -> _HTTPError:
-        return _HTTPError(
+    def _full(self) -> HTTPError:
+        return HTTPError(
             HTTPStatus.SERVICE_UNAVAILABLE,
             f"the server already holds max_sessions={self.max_sessions} sessions; close sessions you no "
             f"longer need (DELETE /sessions/{{id}}, RemoteEnv.close()), wait for idle ones to expire "
@@ -353,7 +289,7 @@ class EnvServer:
 def _reset(session: _Session, body: dict) -> dict:
     seed = body.get("seed")
     if seed is not None and seed < 0:
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"'seed' must be a non-negative integer or null, got {seed}")
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"'seed' must be a non-negative integer or null, got {seed}")
     try:
         obs, info = session.env.reset(seed=seed, options=body.get("options"))
     except Exception as e:
@@ -375,18 +311,18 @@ def _player(session: _Session, body: dict) -> dict:
     has_seed, has_state = "rng_seed" in body, "rng_state" in body
     if player == "expert":
         if has_seed or has_state:
-            raise _HTTPError(HTTPStatus.BAD_REQUEST, "the expert player takes no randomness; "
+            raise HTTPError(HTTPStatus.BAD_REQUEST, "the expert player takes no randomness; "
                                                      "drop 'rng_seed' and 'rng_state'")
         return {"action": _play(base, "expert_action"), "rng_state": None}
     if has_seed == has_state:
-        raise _HTTPError(HTTPStatus.BAD_REQUEST,
+        raise HTTPError(HTTPStatus.BAD_REQUEST,
                          f"the {player} player needs exactly one of 'rng_seed' (an int: the session keeps "
                          "a generator seeded with it) or 'rng_state' (a numpy rng.bit_generator.state)")
     if has_state:
         rng = _generator_from_state(body["rng_state"])
     else:
         if body["rng_seed"] < 0:
-            raise _HTTPError(HTTPStatus.BAD_REQUEST, f"'rng_seed' must be non-negative, got {body['rng_seed']}")
+            raise HTTPError(HTTPStatus.BAD_REQUEST, f"'rng_seed' must be non-negative, got {body['rng_seed']}")
         if session.rng is None or session.rng_seed != body["rng_seed"]:
             session.rng, session.rng_seed = np.random.default_rng(body["rng_seed"]), body["rng_seed"]
         rng = session.rng
@@ -412,13 +348,13 @@ def _play(base: Any, method: str, *args: Any) -> str:
 def _generator_from_state(state: dict) -> np.random.Generator:
     name = state.get("bit_generator")
     if name not in BIT_GENERATORS:
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state['bit_generator'] must be one of {list(BIT_GENERATORS)}"
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state['bit_generator'] must be one of {list(BIT_GENERATORS)}"
                                                  f", got {name!r}; send rng.bit_generator.state of a numpy Generator")
     bit_generator = getattr(np.random, name)()
     try:
         bit_generator.state = state
     except (TypeError, ValueError, KeyError) as e:
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state is not a valid {name} state ({type(e).__name__}: "
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state is not a valid {name} state ({type(e).__name__}: "
                                                  f"{e}); send rng.bit_generator.state unchanged") from e
     return np.random.Generator(bit_generator)
 
@@ -458,7 +394,7 @@ def _jsonable(value: Any, path: str) -> Any:
     try:
         return to_json(value, path)
     except TypeError as e:
-        raise _HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env's {path} cannot be sent as JSON: {e}",
+        raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env's {path} cannot be sent as JSON: {e}",
                          type="TypeError", message=str(e)) from e
 
 
@@ -469,15 +405,15 @@ def _describe_env(env: gymnasium.Env) -> dict:
     return {"tools": _jsonable(tools, "tools"), "max_turns": None if max_turns is None else int(max_turns)}
 
 
-def _env_error(what: str, e: BaseException) -> _HTTPError:
-    if isinstance(e, _HTTPError):
+def _env_error(what: str, e: BaseException) -> HTTPError:
+    if isinstance(e, HTTPError):
         return e
-    return _HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env raised {type(e).__name__} during {what}: {e}",
+    return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env raised {type(e).__name__} during {what}: {e}",
                       type=type(e).__name__, message=str(e))
 
 
-def _unknown_session(sid: str, ttl: float) -> _HTTPError:
-    return _HTTPError(HTTPStatus.NOT_FOUND,
+def _unknown_session(sid: str, ttl: float) -> HTTPError:
+    return HTTPError(HTTPStatus.NOT_FOUND,
                       f"unknown session {sid!r}: it was deleted, or it expired after {ttl:g} s idle "
                       "(session_ttl_s), or the server restarted; open a new one with POST /sessions")
 
@@ -489,79 +425,23 @@ def _close_quietly(env: gymnasium.Env) -> None:
         log.warning("env.close() raised %r", e)
 
 
-def _handler_class(server: EnvServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(_Handler):
-        env_server = server
+class _Handler(JSONHandler):
+    """Routes requests to an ``EnvServer`` (GET, POST and DELETE)."""
 
-    return Handler
+    max_body_bytes = MAX_BODY_BYTES
+    drain_bytes = 16 * MAX_BODY_BYTES
+    logger = log
+    json_server: EnvServer
 
-
-class _Handler(BaseHTTPRequestHandler):
-    """Routes requests to an ``EnvServer``; every reply is JSON with a Content-Length."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection
-    wbufsize = 1 << 16  # headers and body leave in one write (flushed after each request) ...
-    disable_nagle_algorithm = True  # ... at once: no 40 ms Nagle / delayed-ACK stall per reply
-    env_server: EnvServer
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:  # noqa: N802 (http.server's naming)
         self._dispatch("DELETE")
 
-    def setup(self) -> None:
-        super().setup()
-        self.env_server._track(self.connection, open_=True)
+    def internal_error(self, e: Exception) -> HTTPError:
+        return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env server failed: {type(e).__name__}: {e}",
+                         type=type(e).__name__, message=str(e))
 
-    def finish(self) -> None:
-        self.env_server._track(self.connection, open_=False)
-        super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _dispatch(self, method: str) -> None:
-        try:
-            body = self._read_body()  # read before routing, so the connection stays usable
-            status, reply = HTTPStatus.OK, self._route(method, self.path.split("?", 1)[0], body)
-        except _HTTPError as e:
-            status, reply = e.status, {"error": e.error, **e.extra}
-            if status >= 500:
-                log.warning("%s %s -> %d: %s", method, self.path, status, e.error)
-        except Exception as e:  # a bug in the server itself: report it, keep serving
-            log.exception("request %s %s failed", method, self.path)
-            status, reply = HTTPStatus.INTERNAL_SERVER_ERROR, {
-                "error": f"the env server failed: {type(e).__name__}: {e}", "type": type(e).__name__,
-                "message": str(e)}
-        try:
-            data = json.dumps(reply).encode()
-        except (TypeError, ValueError) as e:
-            status, data = HTTPStatus.INTERNAL_SERVER_ERROR, json.dumps(
-                {"error": f"the reply is not JSON ({e})", "type": type(e).__name__, "message": str(e)}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _read_body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            if length <= 16 * MAX_BODY_BYTES:  # drain it, so the client can finish sending and read the reply
-                for start in range(0, length, 1 << 16):
-                    self.rfile.read(min(1 << 16, length - start))
-            else:
-                self.close_connection = True  # the body stays unread: the connection cannot be reused
-            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                             f"the body has {length} bytes; at most {MAX_BODY_BYTES} are accepted")
-        return self.rfile.read(length) if length > 0 else b""
-
-    def _route(self, method: str, path: str, raw: bytes) -> dict:
-        server = self.env_server
+    def route(self, method: str, path: str) -> dict:
+        raw, server = self.read_body(), self.json_server
         if path == "/info":
             _require_method(method, "GET", path)
             return server.info()
@@ -570,7 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
             return server.create_session(_parse_body(raw, "POST /sessions"))
         match = _SESSION_PATH.match(path)
         if match is None:
-            raise _HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
+            raise HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
         sid, verb = match.groups()
         if verb is None:
             _require_method(method, "DELETE", path)
@@ -581,7 +461,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _require_method(method: str, allowed: str, path: str) -> None:
     if method != allowed:
-        raise _HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
+        raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
 
 
 def _parse_body(raw: bytes, endpoint: str) -> dict:
@@ -590,10 +470,10 @@ def _parse_body(raw: bytes, endpoint: str) -> dict:
     try:
         body = json.loads(raw) if raw.strip() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} is not JSON ({e}); send a JSON object "
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} is not JSON ({e}); send a JSON object "
                                                  f"matching {json.dumps(schema)}") from e
     if not isinstance(body, dict):
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} must be a JSON object, got "
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} must be a JSON object, got "
                                                  f"{type(body).__name__}; send {json.dumps(schema)}")
     required = set(schema.get("required", []))
     body = {k: v for k, v in body.items() if v is not None or k in required}  # null optional = absent
@@ -601,5 +481,5 @@ def _parse_body(raw: bytes, endpoint: str) -> dict:
     if problem is not None:
         fields = ", ".join(f"{k}: {v.get('type', 'any')}" + (" (required)" if k in required else "")
                            for k, v in schema["properties"].items())
-        raise _HTTPError(HTTPStatus.BAD_REQUEST, f"bad body for {endpoint}: {problem}; the fields are {{{fields}}}")
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"bad body for {endpoint}: {problem}; the fields are {{{fields}}}")
     return body

@@ -29,14 +29,13 @@ import dataclasses
 import importlib
 import json
 import signal
-import socket
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from turnrl.http_json import HTTPError, JSONHandler, JSONServer
 from turnrl.tools.execute import ToolResult, check_call, run_validated
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool, tool, tool_map
@@ -56,16 +55,7 @@ class ToolUnavailable(Exception):
     """
 
 
-class _BadRequest(Exception):
-    """A request the server refuses: ``status`` and the JSON ``payload`` to send."""
-
-    def __init__(self, status: int, payload: dict) -> None:
-        super().__init__(payload.get("message", ""))
-        self.status = status
-        self.payload = payload
-
-
-class ToolServer:
+class ToolServer(JSONServer):
     """An HTTP server for a set of tools (see the module docstring for the protocol).
 
     Usage: ``with ToolServer([calculator]) as server: remote_tools(server.url)``, or
@@ -83,6 +73,8 @@ class ToolServer:
         TypeError: If an item of ``tools`` is not a ``Tool``.
     """
 
+    poll_interval_s = 0.05
+
     def __init__(
         self,
         tools: Iterable[Tool],
@@ -97,13 +89,9 @@ class ToolServer:
                 raise TypeError(f"ToolServer serves Tool values (see turnrl.tools.tool), got {item!r}")
         if not tools:
             raise ValueError("ToolServer needs at least one tool to serve")
+        super().__init__(host, port, _Handler, "turnrl-tool-server")
         self.tools: dict[str, Tool] = tool_map(tools)
-        self.host = host
-        self.port = port
         self.executor_options = {kind: dict(opts) for kind, opts in (executor_options or {}).items()}
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
         self._sessions: dict[str, set[str]] = {}  # session -> executor kinds its calls used
         self._lock = threading.Lock()
         self.status_counts: Counter[int] = Counter()
@@ -116,15 +104,9 @@ class ToolServer:
         Raises:
             RuntimeError: If the server is not started.
         """
-        if self._httpd is None:
+        if not self.running:
             raise RuntimeError("ToolServer is not running; call start() (or use it as a context manager) first")
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    @property
-    def running(self) -> bool:
-        """True between ``start`` and ``stop``."""
-        return self._httpd is not None
+        return super().url
 
     def start(self) -> ToolServer:
         """Bind the port and serve in a daemon thread; returns ``self``.
@@ -133,44 +115,19 @@ class ToolServer:
             RuntimeError: If already running.
             OSError: If the address cannot be bound (e.g. the port is taken).
         """
-        if self._httpd is not None:
+        if self.running:
             raise RuntimeError(f"ToolServer is already running at {self.url}")
-        httpd = _HTTPServer((self.host, self.port), _Handler)
-        httpd.tool_server = self  # type: ignore[attr-defined]  # read by _Handler
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="turnrl-tool-server", daemon=True
-        )
-        self._thread.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         """Stop serving now: close the port and every open connection (calls in flight get a
         closed connection, which clients see as a failure), and close the sessions' resources.
         Idempotent."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
+        super().stop()
         with self._lock:
-            connections, self._connections = list(self._connections), set()
             sessions, self._sessions = dict(self._sessions), {}
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by its handler
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         for session, kinds in sessions.items():
             self._close_on_executors(session, kinds)
-
-    def __enter__(self) -> ToolServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- request handling (called from the handler threads) -----------------------------------
 
@@ -178,15 +135,14 @@ class ToolServer:
         """Run the call described by a decoded ``/call`` body; the 200 payload.
 
         Raises:
-            _BadRequest: For a malformed body (400), an unknown tool (404) or a tool that
+            HTTPError: For a malformed body (400), an unknown tool (404) or a tool that
                 raised ``ToolUnavailable`` (503).
         """
         call, session = _parse_call(body)
         checked = check_call(call, self.tools)
         if isinstance(checked, ToolResult):
             if checked.error == "unknown_tool":
-                raise _BadRequest(404, {"error": "unknown_tool", "message": checked.content,
-                                        "tools": sorted(self.tools)})
+                raise HTTPError(404, "unknown_tool", message=checked.content, tools=sorted(self.tools))
             return {"content": checked.content, "error": checked.error}
         result = self._run(checked, call, session)
         return {"content": result.content, "error": result.error}
@@ -194,8 +150,7 @@ class ToolServer:
     def handle_close(self, body: Any) -> dict:
         """Close a session named by a decoded ``/close_session`` body; the 200 payload."""
         if not isinstance(body, dict) or set(body) != {"session"} or not isinstance(body["session"], str):
-            raise _BadRequest(400, {"error": "bad_request",
-                                    "message": 'the body must be a JSON object {"session": str}'})
+            raise HTTPError(400, "bad_request", message='the body must be a JSON object {"session": str}')
         session = body["session"]
         with self._lock:
             kinds = self._sessions.pop(session, set())
@@ -231,18 +186,11 @@ class ToolServer:
         with self._lock:
             self.status_counts[status] += 1
 
-    def _track(self, conn: socket.socket, add: bool) -> None:
-        with self._lock:
-            if add:
-                self._connections.add(conn)
-            else:
-                self._connections.discard(conn)
-
 
 def _parse_call(body: Any) -> tuple[ToolCall, str]:
-    def bad(message: str) -> _BadRequest:
+    def bad(message: str) -> HTTPError:
         example = '{"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}'
-        return _BadRequest(400, {"error": "bad_request", "message": f"{message}; send e.g. {example}"})
+        return HTTPError(400, "bad_request", message=f"{message}; send e.g. {example}")
 
     if not isinstance(body, dict):
         raise bad(f"the body must be a JSON object, got {type(body).__name__}")
@@ -275,100 +223,57 @@ def _run_here(chosen: Tool, call: ToolCall) -> ToolResult:
     result = run_validated(dataclasses.replace(chosen, fn=fn), call)
     if unavailable:
         message = f"tool {chosen.name!r} is temporarily unavailable: {unavailable[0]}"
-        raise _BadRequest(503, {"error": "unavailable", "message": message})
+        raise HTTPError(503, "unavailable", message=message)
     return result
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    """A thread per connection (daemon threads: a slow tool never blocks ``stop``)."""
-
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that broke (client gone, ``stop``) is not an error worth a traceback."""
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     """One connection of a ``ToolServer`` (HTTP/1.1 keep-alive; idle connections close after
-    ``timeout`` seconds)."""
+    ``timeout`` seconds). Quiet: one log line per request would flood rollouts."""
 
-    protocol_version = "HTTP/1.1"
     server_version = "turnrl-tool-server"
     timeout = 120
+    max_body_bytes = MAX_BODY_BYTES
+    json_server: ToolServer
 
-    @property
-    def tool_server(self) -> ToolServer:
-        return self.server.tool_server  # type: ignore[attr-defined]
+    def route(self, method: str, path: str) -> Any:
+        server, path = self.json_server, self.path.rstrip("/")
+        if method == "GET":
+            if path == "/tools":
+                return [t.schema() for t in server.tools.values()]
+            raise self._not_found()
+        handler = {"/call": server.handle_call, "/close_session": server.handle_close}.get(path)
+        body = self._read_json()  # always read the body, so the connection stays usable
+        if handler is None:
+            raise self._not_found()
+        return handler(body)
 
-    def setup(self) -> None:
-        super().setup()
-        self.tool_server._track(self.connection, add=True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.tool_server._track(self.connection, add=False)
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/tools":
-            self._send(200, [t.schema() for t in self.tool_server.tools.values()])
-        else:
-            self._not_found()
-
-    def do_POST(self) -> None:
-        routes = {"/call": self.tool_server.handle_call, "/close_session": self.tool_server.handle_close}
-        route = routes.get(self.path.rstrip("/"))
-        try:
-            body = self._read_json()  # always read the body, so the connection stays usable
-            if route is None:
-                self._not_found()
-                return
-            self._send(200, route(body))
-        except _BadRequest as e:
-            self._send(e.status, e.payload)
-        except Exception as e:  # a server bug: say so, keep serving
-            self._send(500, {"error": "internal", "message": f"the tool server failed: {type(e).__name__}: {e}"})
-
-    def _read_json(self) -> Any:
+    def content_length(self) -> int:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
             self.close_connection = True
-            raise _BadRequest(411, {"error": "bad_request", "message": "send a Content-Length header with the JSON body"})
-        size = int(length)
-        if size > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise _BadRequest(413, {"error": "bad_request",
-                                    "message": f"the body has {size} bytes; the limit is {MAX_BODY_BYTES}"})
-        raw = self.rfile.read(size)
+            raise HTTPError(411, "bad_request", message="send a Content-Length header with the JSON body")
+        return int(length)
+
+    def too_large(self, length: int) -> HTTPError:
+        return HTTPError(413, "bad_request", message=f"the body has {length} bytes; the limit is {MAX_BODY_BYTES}")
+
+    def internal_error(self, e: Exception) -> HTTPError:
+        return HTTPError(500, "internal", message=f"the tool server failed: {type(e).__name__}: {e}")
+
+    def send_json(self, status: int, data: bytes) -> None:
+        self.json_server._count(status)
+        super().send_json(status, data)
+
+    def _read_json(self) -> Any:
         try:
-            return json.loads(raw.decode("utf-8"))
+            return json.loads(self.read_body().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _BadRequest(400, {"error": "bad_request", "message": f"the body is not valid UTF-8 JSON: {e}"}) from None
+            raise HTTPError(400, "bad_request", message=f"the body is not valid UTF-8 JSON: {e}") from None
 
-    def _not_found(self) -> None:
-        self._send(404, {"error": "not_found",
-                         "message": f"no route {self.command} {self.path}; use GET /tools, POST /call or POST /close_session"})
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode("utf-8")
-        self.tool_server._count(status)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: one line per request on stderr would flood rollouts."""
-
-    def handle_one_request(self) -> None:
-        try:
-            super().handle_one_request()
-        except OSError:  # the client (or ToolServer.stop) closed the connection
-            self.close_connection = True
+    def _not_found(self) -> HTTPError:
+        return HTTPError(404, "not_found",
+                         message=f"no route {self.command} {self.path}; use GET /tools, POST /call or POST /close_session")
 
 
 # -- command line ------------------------------------------------------------------------------
