@@ -146,21 +146,7 @@ def _serve_env(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"turnrl serve-env: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        server.start()
-    except OSError as e:
-        print(f"turnrl serve-env: error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    try:
-        print(f"serving {args.env_id} at {server.url}", flush=True)
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-    return EXIT_OK
+    return _serve_until_signalled(server, "serve-env", args, f"serving {args.env_id} at {{url}}")
 
 
 def _serve_policy(args: argparse.Namespace) -> int:
@@ -192,16 +178,22 @@ def _serve_policy(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"turnrl serve-policy: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    return _serve_until_signalled(server, "serve-policy", args, "serving policy at {url}")
+
+
+def _serve_until_signalled(server, command: str, args: argparse.Namespace, banner: str) -> int:
+    """Start ``server``, print ``banner`` (``{url}`` filled in) as one flushed line, serve until
+    SIGINT/SIGTERM, stop; 0 on a clean stop, 1 when the address cannot be bound."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         server.start()
     except OSError as e:
-        print(f"turnrl serve-policy: error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        print(f"turnrl {command}: error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return EXIT_FAILED
     try:
-        print(f"serving policy at {server.url}", flush=True)
+        print(banner.format(url=server.url), flush=True)
         while not stop.wait(0.5):
             pass
     finally:

@@ -210,6 +210,18 @@ class Executor(ABC):
     def close(self) -> None:
         """Free every resource of the executor; a no-op by default."""
 
+    def program_of(self, tool: Tool, call: ToolCall) -> Program | ToolResult:
+        """The ``Program`` a code tool builds from the call's arguments, or the ``"exception"``
+        result to return when the tool raises or is not a code tool (for sandbox-like executors)."""
+        try:
+            program = tool.fn(**call.arguments)
+        except Exception as e:
+            return ToolResult(call, f"Error: tool {tool.name!r} raised {type(e).__name__}: {e}", "exception")
+        if not isinstance(program, Program):
+            return ToolResult(call, f"Error: tool {tool.name!r} is not a code tool: the {self.kind} executor runs "
+                                    f"tools whose fn returns a Program, got {type(program).__name__}", "exception")
+        return program
+
     def timeout_result(self, tool: Tool, call: ToolCall) -> ToolResult:
         """The ``"timeout"`` result for a call that took longer than ``timeout_s``."""
         return ToolResult(

@@ -410,13 +410,9 @@ class DockerExecutor(Executor):
 
     # ---------------------------------------------------------------- calls
     async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
-        try:
-            program = tool.fn(**call.arguments)
-        except Exception as e:
-            return ToolResult(call, f"Error: tool {tool.name!r} raised {type(e).__name__}: {e}", "exception")
-        if not isinstance(program, Program):
-            return ToolResult(call, f"Error: tool {tool.name!r} is not a code tool: the docker executor runs "
-                                    f"tools whose fn returns a Program, got {type(program).__name__}", "exception")
+        program = self.program_of(tool, call)
+        if isinstance(program, ToolResult):
+            return program
         try:
             argv = launcher_argv(program, self.limits)
         except ValueError as e:

@@ -221,13 +221,9 @@ class SandboxExecutor(Executor):
 
     # -------------------------------------------------------------------- runs
     async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
-        try:
-            program = tool.fn(**call.arguments)
-        except Exception as e:
-            return ToolResult(call, f"Error: tool {tool.name!r} raised {type(e).__name__}: {e}", "exception")
-        if not isinstance(program, Program):
-            return ToolResult(call, f"Error: tool {tool.name!r} is not a code tool: the sandbox runs tools whose "
-                                    f"fn returns a Program, got {type(program).__name__}", "exception")
+        program = self.program_of(tool, call)
+        if isinstance(program, ToolResult):
+            return program
         async with self.slot():
             try:
                 result = await asyncio.wait_for(self.run(program, session), self.timeout_s)
