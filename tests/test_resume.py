@@ -24,7 +24,7 @@ from turnrl.conf.schema import Config
 from turnrl.trainer import _config_changes, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("step_time", "rollout_time")  # wall-clock fields: the only ones allowed to differ
+TIMING = ("step_time", "rollout_time", "rollout_wait")  # wall-clock fields: the only ones allowed to differ
 
 
 def _config(**trainer) -> Config:

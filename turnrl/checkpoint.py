@@ -19,11 +19,16 @@ previous checkpoint intact and the latest complete one is what ``latest_checkpoi
 Older checkpoints are deleted only after the new one is in place; a leftover temporary
 folder is deleted by the next save.
 
-In-flight rollouts: the loop is synchronous. A step collects its rollouts, scores them,
-updates on them and drops them before the step ends, and checkpoints are taken between
-steps, so no rollout is ever in flight at a checkpoint and none has to be saved: a resumed
-run recollects step ``k + 1`` from the restored policy and RNG states exactly as the
-uninterrupted run did.
+In-flight rollouts: in the synchronous loop a step collects its rollouts, updates on them
+and drops them before the step ends, so none is in flight at a checkpoint. With
+asynchronous rollouts (``turnrl.rollout.pipeline``) the batches of the next ``k`` steps are
+already being sampled with older weights; the trainer lets them finish (``drain``) and saves
+them in ``rollouts.pt`` (one list of ``RolloutBatch`` per process), with the sampler's RNG
+and the task cursor as they are after them, so the resumed pipeline goes on exactly.
+
+Several processes (``trainer.accelerate``): the main process writes the checkpoint; the
+sampling and global RNG states of every process are gathered into ``TrainingState.ranks``,
+and each process restores its own.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "state.pt"
 MODEL_DIR = "model"
 LOG_FILE = "metrics.jsonl"
+ROLLOUTS_FILE = "rollouts.pt"
 _TMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"^step-(\d{8,})$")
 
@@ -61,6 +67,8 @@ class TrainingState:
         model_training: whether the policy was in train mode.
         dtype: the policy's parameter dtype (``"float32"``, ...), to reload it in.
         warned: keys of the once-per-run warnings already given.
+        ranks: with several processes, ``{"policy_rng", "global_rng"}`` of each process by
+            rank (``policy_rng`` and ``global_rng`` above are rank 0's); empty with one.
     """
 
     step: int
@@ -71,6 +79,21 @@ class TrainingState:
     model_training: bool = True
     dtype: str = "float32"
     warned: list[str] = field(default_factory=list)
+    ranks: list[dict] = field(default_factory=list)
+
+    def rank_rngs(self, rank: int, world: int) -> tuple[torch.Tensor, dict]:
+        """``(policy_rng, global_rng)`` of process ``rank`` of ``world``.
+
+        Raises:
+            ValueError: If the checkpoint was saved by another number of processes.
+        """
+        saved = max(len(self.ranks), 1)
+        if saved != world:
+            raise ValueError(f"the checkpoint was saved by {saved} process(es) and is resumed by {world}; the "
+                             "sampling RNG streams are per process, so resume with the same number of processes")
+        if not self.ranks:
+            return self.policy_rng, self.global_rng
+        return self.ranks[rank]["policy_rng"], self.ranks[rank]["global_rng"]
 
 
 @dataclass
@@ -83,6 +106,11 @@ class Checkpoint:
     optimizers: dict[str, dict]
     log_text: str
     config_yaml: str
+    rollouts: list[list] = field(default_factory=list)
+
+    def pending_rollouts(self, rank: int) -> list:
+        """The in-flight ``RolloutBatch`` es process ``rank`` saved (none for a synchronous run)."""
+        return list(self.rollouts[rank]) if rank < len(self.rollouts) else []
 
     @property
     def model_dir(self) -> Path:
@@ -146,7 +174,7 @@ def step_dir_name(step: int) -> str:
 
 def write_checkpoint(run_dir: str | Path, state: TrainingState, model, tokenizer, modules: dict[str, dict],
                      optimizers: dict[str, dict], config_yaml: str, keep: int = 1,
-                     after_write: Callable[[Path], None] | None = None) -> Path:
+                     after_write: Callable[[Path], None] | None = None, rollouts: list[list] | None = None) -> Path:
     """Write a checkpoint of ``state.step`` atomically into ``run_dir/checkpoints``.
 
     Args:
@@ -162,6 +190,8 @@ def write_checkpoint(run_dir: str | Path, state: TrainingState, model, tokenizer
         after_write: called with the path of each file or folder once it is written inside
             the temporary folder (a hook for progress or for testing a crash mid-save); an
             exception it raises aborts the save and removes the temporary folder.
+        rollouts: in-flight rollout batches of an asynchronous run, one list per process
+            (written to ``rollouts.pt``; None or empty writes nothing).
 
     Returns:
         The checkpoint folder.
@@ -199,6 +229,9 @@ def write_checkpoint(run_dir: str | Path, state: TrainingState, model, tokenizer
         wrote(tmp / LOG_FILE)
         (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         wrote(tmp / "config.yaml")
+        if rollouts and any(rollouts):
+            torch.save(rollouts, tmp / ROLLOUTS_FILE)
+            wrote(tmp / ROLLOUTS_FILE)
         torch.save(asdict(state), tmp / STATE_FILE)
         wrote(tmp / STATE_FILE)
         _fsync_tree(tmp)
@@ -227,6 +260,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         optimizers=torch.load(path / "optimizers.pt", weights_only=True),
         log_text=(path / LOG_FILE).read_text(encoding="utf-8"),
         config_yaml=(path / "config.yaml").read_text(encoding="utf-8"),
+        # trajectories (dataclasses) are pickled: only load checkpoints you trust, as with any .pt
+        rollouts=torch.load(path / ROLLOUTS_FILE, weights_only=False) if (path / ROLLOUTS_FILE).is_file() else [],
     )
 
 

@@ -11,6 +11,7 @@ uninterrupted run at that step, so the rest of the run is the same, step for ste
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -47,6 +48,7 @@ from turnrl.logger import RunLogger
 from turnrl.report import after_value, before_after_table, plot_curves
 from turnrl.rollout.collector import RolloutCollector, Task
 from turnrl.rollout.metrics import rollout_metrics
+from turnrl.rollout.pipeline import AsyncRollouts
 from turnrl.warmstart import warm_start
 
 log = logging.getLogger(__name__)
@@ -97,9 +99,10 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     # ---------------------------------------------------------------- set-up
     # under `accelerate launch` (trainer.accelerate): every process runs this function; each
     # collects its share of a step's tasks, the learner is data-parallel, the main one writes
-    accelerator, rank, world = None, 0, 1
+    accelerator, rank, world, gather = None, 0, 1, None  # gather: every process's list, in rank order
     if tcfg.accelerate:
         from accelerate import Accelerator
+        from accelerate.utils import gather_object as gather
 
         accelerator = Accelerator(cpu=tcfg.device == "cpu")
         rank, world = accelerator.process_index, accelerator.num_processes
@@ -109,6 +112,12 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         if acfg.advantage in VALUE_TARGETS and acfg.critic == "separate":
             raise ValueError("trainer.accelerate trains the policy data-parallel; use algorithm.critic=shared "
                              "(the separate critic's learner is single-process)")
+    if tcfg.async_rollouts and tcfg.max_staleness > 0 and acfg.tis == "none":
+        raise ValueError(f"trainer.max_staleness={tcfg.max_staleness} samples rollouts with weights up to that many "
+                         "updates old; set algorithm.tis=token (or sequence) to correct for it by importance "
+                         "sampling, or trainer.max_staleness=0")
+    if tcfg.async_rollouts and (isinstance(tcfg.max_staleness, bool) or tcfg.max_staleness < 0):
+        raise ValueError(f"trainer.max_staleness must be an int >= 0, got {tcfg.max_staleness!r}")
     main = rank == 0
     device = tcfg.device if accelerator is None else accelerator.device
     if tcfg.threads:
@@ -190,21 +199,36 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     warned: set[str] = set()
 
     def run_eval(step: int) -> None:
-        metrics = evaluate(eval_collector, eval_tasks, cfg.agent.max_new_tokens)
+        # each process evaluates its share of the held-out tasks; the metrics are of all of them
+        metrics = evaluate(eval_collector, shard_list(eval_tasks, world, rank), cfg.agent.max_new_tokens, gather)
         result.evals.append((step, metrics))
         logger.log(step, metrics, prefix="eval")
 
-    def save_resumable(step: int) -> None:
+    def draw_tasks() -> list[Task]:
+        return [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
+
+    def sampling_at(step: int) -> SamplingParams:  # step is 1-based; schedules count from 0
+        return SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=temperature_at(step=step - 1))
+
+    def save_resumable(step: int, pending: list) -> None:
+        """Every process takes part (RNG states are gathered); the main one writes."""
+        rngs = {"policy_rng": sampler.rng_state(), "global_rng": global_rng_state()}
+        ranks, rollouts = [rngs], [pending]
+        if gather is not None:
+            ranks, rollouts = gather([rngs]), gather([pending])
+        if not main:
+            return
         modules, optimizers = _module_states(learner, critic, value_head, reward_model)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         state = TrainingState(step=step, kl_coef=kl_ctl.value, task_rng=task_rng.bit_generator.state,
-                              policy_rng=policy.rng_state(), global_rng=global_rng_state(),
-                              model_training=model.training, dtype=dtype, warned=sorted(warned))
+                              policy_rng=ranks[0]["policy_rng"], global_rng=ranks[0]["global_rng"],
+                              model_training=model.training, dtype=dtype, warned=sorted(warned),
+                              ranks=ranks if world > 1 else [])
         path = write_checkpoint(run_dir, state, model, tokenizer, modules, optimizers, _config_yaml(cfg),
-                                keep=tcfg.keep_checkpoints)
+                                keep=tcfg.keep_checkpoints, rollouts=rollouts)
         log.info("resumable checkpoint of step %d saved to %s", step, path)
 
-    start = 0
+    start, pending = 0, []
     if resumed is not None:  # every module, optimizer and the loop's state as they were at the checkpoint
         _load_module_states(resumed, learner, critic, value_head)
         kl_ctl.value = resumed.state.kl_coef
@@ -212,14 +236,33 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         result.train, result.evals = resumed.history()
         warned.update(resumed.state.warned)
         start = resumed.state.step
+        pending = resumed.pending_rollouts(rank)
+        if pending and not tcfg.async_rollouts:
+            raise ValueError(f"{resumed.path} holds in-flight rollouts of an asynchronous run; resume it with "
+                             "trainer.async_rollouts=true and the same trainer.max_staleness")
+    # asynchronous rollouts: the train collector samples from its own copy of the policy, which
+    # the pipeline loads published weights into (the eval collector keeps the learner's model)
+    sampler, pipeline = policy, None
+    if tcfg.async_rollouts:
+        sampler = TransformersPolicy(copy.deepcopy(model), tokenizer, seed=cfg.seed + rank)
+        collector = RolloutCollector(train_env_fn, sampler, renderer, cfg.agent.max_context_tokens,
+                                     tcfg.env_workers)
     if on_rl_start is not None:
         on_rl_start(model)
     if resumed is None:
         run_eval(0)
     else:  # the RNGs last: nothing draws between here and the next step, as in the uninterrupted run
-        policy.set_rng_state(resumed.state.policy_rng)
-        set_global_rng_state(resumed.state.global_rng)
+        policy_rng, global_rng = resumed.state.rank_rngs(rank, world)
+        sampler.set_rng_state(policy_rng)
+        set_global_rng_state(global_rng)
         log.info("resumed from %s after step %d of %d", resumed.path, start, tcfg.steps)
+    if tcfg.async_rollouts:
+        def collect_step(step: int) -> tuple[list[Task], list]:
+            tasks = draw_tasks()
+            return tasks, collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling_at(step))
+
+        pipeline = AsyncRollouts(collect_step, sampler.model.load_state_dict, tcfg.max_staleness,
+                                 first=start + 1 + len(pending), last=tcfg.steps, version=start, pending=pending)
     # ---------------------------------------------------------------- the RL loop
     bar = tqdm(range(start + 1, tcfg.steps + 1), initial=start, total=tcfg.steps, desc="RL", unit="step",
                disable=not tcfg.progress)
@@ -227,13 +270,17 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         for step in bar:
             t0 = time.perf_counter()
             # this step's coefficients; the learner scores at the temperature the sampler used
-            learner.cfg.temperature = temperature_at(step=step - 1)
+            learner.cfg.temperature = sampling_at(step).temperature
             learner.cfg.entropy_coef = entropy_at(step=step - 1)
             learner.cfg.kl_coef = kl_ctl.value
-            sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=learner.cfg.temperature)
-            tasks = [Task(seed=int(task_rng.integers(2**31)), split="train") for _ in range(tcfg.tasks_per_step)]
-            trajectories = collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling)
-            t_rollout = time.perf_counter() - t0
+            if pipeline is None:
+                tasks = draw_tasks()
+                trajectories = collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling_at(step))
+                t_rollout = t_wait = time.perf_counter() - t0
+                lag = 0
+            else:  # sampled in the background with the weights of update max(0, step - 1 - k)
+                rollouts, t_wait = pipeline.next(step)
+                trajectories, t_rollout, lag = rollouts.trajectories, rollouts.rollout_time, rollouts.staleness
             batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
             coefs = {"kl_coef": kl_ctl.value, "entropy_coef": learner.cfg.entropy_coef,
                      "temperature": learner.cfg.temperature}
@@ -251,28 +298,33 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             update = learner.update(batch, advantages, returns if value_head is not None else None)
             if critic is not None:
                 update.update(critic.update(batch, returns, batch.values))
+            checkpoint_due = bool(tcfg.checkpoint_every) and step % tcfg.checkpoint_every == 0
+            if pipeline is not None and not checkpoint_due:  # the sampler may move on to these weights
+                pipeline.publish(step, model)
             if reward_kl is not None:
                 update["kl"] = reward_kl
-            if accelerator is not None:  # every process's rollouts, for the step's figures
-                from accelerate.utils import gather_object
-
-                trajectories = gather_object(trajectories)
+            if gather is not None:  # every process's rollouts, for the step's figures
+                trajectories = gather(trajectories)
             kl_ctl.update(update["kl"], len(trajectories))
-            metrics = {**rollout_metrics(trajectories), **update, **coefs,
-                       "step_time": time.perf_counter() - t0, "rollout_time": t_rollout}
+            metrics = {**rollout_metrics(trajectories), **update, **coefs, "policy_lag": float(lag),
+                       "step_time": time.perf_counter() - t0, "rollout_time": t_rollout, "rollout_wait": t_wait}
             result.train.append({"step": step, **metrics})
             logger.log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{result.evals[-1][1]['success']:.2f}")
             if step % tcfg.eval_every == 0 or step == tcfg.steps:
                 run_eval(step)
             _warn_once(metrics, cfg, warned)
-            # between steps no rollout is in flight: the step's trajectories are consumed and dropped
-            if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and main:
-                save_resumable(step)
+            if checkpoint_due:  # async: the next k steps' rollouts finish and are saved with it
+                save_resumable(step, [] if pipeline is None else pipeline.drain(step))
+                if pipeline is not None:
+                    pipeline.publish(step, model)
     except KeyboardInterrupt:  # keep what was computed: evaluate, save and report below
         log.warning("interrupted after %d RL steps; evaluating and saving what there is", len(result.train))
         if result.evals[-1][0] != len(result.train):
             run_eval(len(result.train))
+    finally:
+        if pipeline is not None:
+            pipeline.close()
     bar.close()
 
     # ---------------------------------------------------------------- wrap-up

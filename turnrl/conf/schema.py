@@ -166,6 +166,13 @@ class TrainerConfig:
     # threads that step a turn's envs concurrently, so slow tools of many episodes overlap
     # (1 = one after another; trajectories do not depend on it)
     env_workers: int = 16
+    # collect rollouts in a background thread while the learner updates (turnrl.rollout.pipeline);
+    # false = the synchronous loop
+    async_rollouts: bool = False
+    # with async_rollouts: the most policy updates a step's rollouts lag behind (k); 0 = the
+    # synchronous algorithm exactly, k >= 1 overlaps sampling and learning and needs
+    # algorithm.tis=token|sequence (the importance-sampling correction of stale samples)
+    max_staleness: int = 1
     # torch device
     device: str = "cpu"
     # torch CPU threads (0 = torch's default)

@@ -16,9 +16,10 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Means over the batch: reward, success, turns, tokens, tool and truncation rates; with a
-    learned reward model also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier);
-    for a mixture env ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
+    """``episodes`` (the count) and means over the batch: reward, success, turns, tokens, tool and
+    truncation rates; with a learned reward model also ``verifier_reward`` and
+    ``proxy_verifier_gap`` (proxy - verifier); for a mixture env ``success@<env>``,
+    ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
     n = max(len(trajectories), 1)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
@@ -26,6 +27,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         [tok for tok, m in zip(t.token_ids, t.loss_mask) if m] for t in trajectories
     ]
     out = {
+        "episodes": float(len(trajectories)),
         "reward": sum(t.reward for t in trajectories) / n,
         "success": sum(t.success for t in trajectories) / n,
         "turns": turns / n,
