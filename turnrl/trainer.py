@@ -11,7 +11,6 @@ uninterrupted run at that step, so the rest of the run is the same, step for ste
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -37,7 +36,7 @@ from turnrl.algorithms.reward_model import RewardModel, RewardModelConfig, Rewar
 from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.learner import Learner, LearnerConfig
 from turnrl.algorithms.schedules import SCHEDULES
-from turnrl.build import advantage_fn, build_agent, env_factory
+from turnrl.build import BACKENDS, advantage_fn, build_agent, env_factory, rollout_policy
 from turnrl.checkpoint import (Checkpoint, TrainingState, checkpoint_steps, global_rng_state, read_checkpoint,
                                resolve_resume, restore_log, set_global_rng_state, write_checkpoint)
 from turnrl.conf.schema import Config
@@ -118,6 +117,11 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
                          "sampling, or trainer.max_staleness=0")
     if tcfg.async_rollouts and (isinstance(tcfg.max_staleness, bool) or tcfg.max_staleness < 0):
         raise ValueError(f"trainer.max_staleness must be an int >= 0, got {tcfg.max_staleness!r}")
+    if cfg.agent.backend not in BACKENDS:
+        raise ValueError(f"agent.backend must be one of {BACKENDS}, got {cfg.agent.backend!r}")
+    if cfg.agent.vllm.sleep_during_update and (tcfg.async_rollouts or cfg.agent.backend != "vllm"):
+        raise ValueError("agent.vllm.sleep_during_update frees a colocated vLLM engine's memory during each update; "
+                         "it needs agent.backend=vllm and synchronous rollouts (trainer.async_rollouts=false)")
     main = rank == 0
     device = tcfg.device if accelerator is None else accelerator.device
     if tcfg.threads:
@@ -240,13 +244,22 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         if pending and not tcfg.async_rollouts:
             raise ValueError(f"{resumed.path} holds in-flight rollouts of an asynchronous run; resume it with "
                              "trainer.async_rollouts=true and the same trainer.max_staleness")
-    # asynchronous rollouts: the train collector samples from its own copy of the policy, which
-    # the pipeline loads published weights into (the eval collector keeps the learner's model)
+    # the sampler of training rollouts: the learner's own model (synchronous transformers), its
+    # copy (asynchronous), or a vLLM engine; the last two take the learner's weights after updates.
+    # Evaluation samples from the learner's model, or from the engine when it is in step with it
     sampler, pipeline = policy, None
-    if tcfg.async_rollouts:
-        sampler = TransformersPolicy(copy.deepcopy(model), tokenizer, seed=cfg.seed + rank)
+    if tcfg.async_rollouts or cfg.agent.backend != "transformers":
+        sampler = rollout_policy(cfg, model, tokenizer, run_dir / ("engine" if world == 1 else f"engine{rank}"),
+                                 seed=cfg.seed + rank, own_copy=True)
         collector = RolloutCollector(train_env_fn, sampler, renderer, cfg.agent.max_context_tokens,
                                      tcfg.env_workers)
+        if not tcfg.async_rollouts:
+            eval_collector = RolloutCollector(env_fn, sampler, renderer, cfg.agent.max_context_tokens,
+                                              tcfg.env_workers)
+    if cfg.agent.backend == "vllm":  # the engine must serve the learner's model before anything is sampled
+        check = engine_agreement(sampler, model, renderer, env_fn, cfg)
+        if resumed is None:  # (a resumed run's log already holds it)
+            logger.log(0, check, prefix="engine_check")
     if on_rl_start is not None:
         on_rl_start(model)
     if resumed is None:
@@ -261,8 +274,11 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             tasks = draw_tasks()
             return tasks, collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling_at(step))
 
-        pipeline = AsyncRollouts(collect_step, sampler.model.load_state_dict, tcfg.max_staleness,
-                                 first=start + 1 + len(pending), last=tcfg.steps, version=start, pending=pending)
+        state_of = None
+        if cfg.agent.backend == "vllm":
+            from turnrl.agents.vllm_policy import merged_state_dict as state_of
+        pipeline = AsyncRollouts(collect_step, sampler.load_weights, tcfg.max_staleness, first=start + 1 + len(pending),
+                                 last=tcfg.steps, version=start, pending=pending, state_of=state_of)
     # ---------------------------------------------------------------- the RL loop
     bar = tqdm(range(start + 1, tcfg.steps + 1), initial=start, total=tcfg.steps, desc="RL", unit="step",
                disable=not tcfg.progress)
@@ -295,7 +311,13 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
                 batch.values = critic.values(batch) if critic is not None else learner.values(batch)
                 returns = value_targets(batch, **acfg.advantage_kwargs)
             advantages = score(batch)
+            if cfg.agent.vllm.sleep_during_update:  # the colocated engine frees its memory for the update
+                sampler.sleep(level=2)
             update = learner.update(batch, advantages, returns if value_head is not None else None)
+            if pipeline is None and sampler is not policy:  # the engine samples the next step with these weights
+                if cfg.agent.vllm.sleep_during_update:
+                    sampler.wake_up()
+                sampler.sync_from(model)
             if critic is not None:
                 update.update(critic.update(batch, returns, batch.values))
             checkpoint_due = bool(tcfg.checkpoint_every) and step % tcfg.checkpoint_every == 0
@@ -435,6 +457,35 @@ def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Calla
               "pairs": float(len(pairs))}
     log.info("reward model: held-out accuracy %.2f, ECE %.3f on %d pairs", stats["accuracy"], stats["ece"], held)
     return rm, report
+
+
+def engine_agreement(sampler, model, renderer: ChatRenderer, env_fn: Callable, cfg: Config, episodes: int = 8) -> dict:
+    """The start-up check of a vLLM sampler: sample first turns of ``episodes`` train tasks with
+    the engine, score them with the learner's ``model``, and return ``max_abs`` / ``mean_abs``
+    logprob differences and the token count.
+
+    Raises:
+        ValueError: If ``max_abs`` exceeds ``agent.vllm.logprob_tolerance`` (the engine does not
+            serve the learner's model, or at another precision than the tolerance allows).
+    """
+    from turnrl.agents.vllm_policy import logprob_agreement
+
+    env = env_fn()
+    prompts = [renderer.start(list(env.reset(seed=i, options={"split": "train"})[0])).token_ids
+               for i in range(episodes)]
+    env.close()
+    params = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
+    found = logprob_agreement(sampler, model, prompts, params)
+    check = {k: float(found[k]) for k in ("max_abs", "mean_abs", "tokens")}
+    tolerance = cfg.agent.vllm.logprob_tolerance
+    if check["max_abs"] > tolerance:
+        raise ValueError(f"the vLLM engine's logprobs differ from the learner's by up to {check['max_abs']:.2e} per "
+                         f"token (mean {check['mean_abs']:.2e}), above agent.vllm.logprob_tolerance={tolerance}; "
+                         f"an engine at agent.vllm.dtype={cfg.agent.vllm.dtype} against a "
+                         f"{next(model.parameters()).dtype} learner needs a larger tolerance")
+    log.info("vLLM engine check: logprobs agree with the learner within %.2e (mean %.2e, %d tokens)",
+             check["max_abs"], check["mean_abs"], int(check["tokens"]))
+    return check
 
 
 def _rm_env(env_fn: Callable, reward_model: RewardModel, renderer: ChatRenderer):

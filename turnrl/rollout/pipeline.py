@@ -96,11 +96,14 @@ class AsyncRollouts:
         version: the weights the sampler holds now (updates seen): 0 at the start of a run,
             the checkpoint's step on resume.
         pending: batches collected before a checkpoint (``drain``), handed out first.
+        state_of: the weights ``publish`` snapshots of a model (default ``state_dict()``; a
+            vLLM sampler takes ``merged_state_dict``, LoRA adapters merged).
     """
 
     def __init__(self, collect: Callable[[int], tuple[list[Task], list[Trajectory]]],
                  load_weights: Callable[[dict[str, torch.Tensor]], None], max_staleness: int, first: int,
-                 last: int, version: int = 0, pending: list[RolloutBatch] | None = None):
+                 last: int, version: int = 0, pending: list[RolloutBatch] | None = None,
+                 state_of: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None):
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
             raise ValueError(f"max_staleness must be an int >= 0 (0 = synchronous), got {max_staleness!r}")
         pending = list(pending or [])
@@ -111,6 +114,7 @@ class AsyncRollouts:
         self.k = max_staleness
         self._collect, self._load = collect, load_weights
         self._last, self._version = last, version
+        self._state_of = state_of or (lambda model: model.state_dict())
         self._cv = threading.Condition()
         self._s = _Shared(ready={b.step: b for b in pending}, next_step=first)
         self._thread = threading.Thread(target=self._run, name="turnrl-rollouts", daemon=True)
@@ -122,7 +126,7 @@ class AsyncRollouts:
         needed = {policy_version(s, self.k) for s in range(self._s.next_step, self._last + 1)}
         if version not in needed:  # no future batch samples with these weights
             return
-        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        snapshot = {k: v.detach().clone() for k, v in self._state_of(model).items()}
         with self._cv:
             self._s.snapshots[version] = snapshot
             self._cv.notify_all()
