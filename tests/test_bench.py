@@ -34,3 +34,17 @@ def test_summary_is_mean_and_std_over_seeds():
 def test_a_bad_override_fails_before_any_run():
     with pytest.raises(Exception, match="stepz"):
         compose_run("grpo", 0, ["trainer.stepz=1"])
+
+
+def test_variants_run_every_algorithm_under_each_named_set_of_overrides(tmp_path):
+    async1 = "trainer.async_rollouts=true trainer.max_staleness=1 algorithm.tis=token"
+    assert main(["--algorithms", "grpo", "--seeds", "0", "--out", str(tmp_path), "--variant", "sync", "",
+                 "--variant", "async_k1", async1, *FAST]) == 0
+    runs = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["algorithm"] for r in runs] == ["grpo [sync]", "grpo [async_k1]"]
+    lags = [[json.loads(line).get("policy_lag") for line in (tmp_path / "grpo" / v / "seed0" / "metrics.jsonl")
+             .read_text().splitlines() if '"kind": "train"' in line] for v in ("sync", "async_k1")]
+    assert lags == [[0.0, 0.0], [0.0, 1.0]]  # the variant's overrides reached its runs only
+    assert "| grpo [async_k1] | 1 |" in (tmp_path / "table.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--variant", "a b", "", "--out", str(tmp_path), *FAST])

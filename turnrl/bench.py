@@ -4,12 +4,18 @@ Trains every (algorithm, seed) of the grid on the same env and the same seeds, o
 other, with the same config otherwise (the overrides after ``--``), and writes into ``--out``:
 ``bench.json`` (every run), ``table.md`` (per algorithm: held-out success before and after,
 mean ± std over seeds, AUC, wall time), ``curves.png`` and ``report.html``.
+
+``--variant NAME "OVERRIDES"`` (repeatable) adds a dimension: every algorithm and seed also runs
+under each named set of overrides, e.g. synchronous vs asynchronous rollouts or two backends
+(``--variant sync "" --variant async_k1 "trainer.async_rollouts=true trainer.max_staleness=1
+algorithm.tis=token"``); rows are then labelled ``algorithm [NAME]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -32,19 +38,27 @@ def compose_run(algorithm: str, seed: int, overrides: Sequence[str]):
 
 
 def run_grid(algorithms: Sequence[str], seeds: Sequence[int], overrides: Sequence[str], out: str | Path,
-             progress: bool = True) -> list[RunRecord]:
-    """Train the grid and write the reports; returns the run records."""
+             progress: bool = True, variants: dict[str, Sequence[str]] | None = None) -> list[RunRecord]:
+    """Train the grid and write the reports; returns the run records.
+
+    Args:
+        variants: named extra overrides; each algorithm and seed runs once per variant (None:
+            once, unlabelled).
+    """
     from turnrl.trainer import train
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    configs = [(a, s, compose_run(a, s, overrides)) for a in algorithms for s in seeds]  # all valid first
+    cells = variants or {"": []}
+    configs = [(a, v, s, compose_run(a, s, [*overrides, *extra])) for a in algorithms for v, extra in cells.items()
+               for s in seeds]  # all valid first
     records = []
-    for algorithm, seed, cfg in tqdm(configs, desc="bench", unit="run", disable=not progress):
-        run_dir = out / algorithm / f"seed{seed}"
+    for algorithm, variant, seed, cfg in tqdm(configs, desc="bench", unit="run", disable=not progress):
+        label = f"{algorithm} [{variant}]" if variant else algorithm
+        run_dir = out / algorithm / variant / f"seed{seed}" if variant else out / algorithm / f"seed{seed}"
         start = time.perf_counter()
         result = train(cfg, run_dir)
-        records.append(RunRecord(algorithm, seed, result.before, result.after,
+        records.append(RunRecord(label, seed, result.before, result.after,
                                  [(step, m["success"]) for step, m in result.evals],
                                  time.perf_counter() - start, str(run_dir)))
         (out / "bench.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
@@ -61,9 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="algorithm config names (turnrl/conf/algorithm)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default="bench", help="output folder (default ./bench)")
+    parser.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "OVERRIDES"),
+                        help='a named set of extra overrides, quoted as one argument ("" for none); repeatable')
     parser.add_argument("overrides", nargs="*", help="Hydra overrides shared by every run, after --")
     args = parser.parse_args(argv)
-    records = run_grid(args.algorithms, args.seeds, args.overrides, args.out)
+    variants = None
+    if args.variant:
+        variants = {name: shlex.split(extra) for name, extra in args.variant}
+        if len(variants) != len(args.variant) or not all(name.replace("_", "").replace("-", "").isalnum()
+                                                          for name in variants):
+            parser.error(f"--variant names must be distinct words (letters, digits, _ or -), got "
+                         f"{[name for name, _ in args.variant]}")
+    records = run_grid(args.algorithms, args.seeds, args.overrides, args.out, variants=variants)
     print(markdown_table(records))
     print(f"report: {Path(args.out) / 'report.html'}")
     return 0
