@@ -108,7 +108,7 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     return build_tiny_model(model_cfg, tokenizer, seed=cfg.seed), tokenizer
 
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "http")
 
 
 def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool):
@@ -116,8 +116,10 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
 
     ``transformers``: a ``TransformersPolicy`` on ``model`` itself, or on a copy of it when
     ``own_copy`` (asynchronous rollouts sample while the learner updates ``model``); ``vllm``: a
-    ``VLLMPolicy`` engine started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``). Both
-    take the learner's weights with ``load_weights``.
+    ``VLLMPolicy`` engine started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``);
+    ``http``: a ``ServedPolicy`` over the servers of ``cfg.agent.http``, weight pushes written to
+    ``agent.http.weights_dir`` (default ``workdir/weights``). All take the learner's weights
+    with ``load_weights``.
 
     Raises:
         ValueError: On an unknown backend.
@@ -136,6 +138,20 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
             enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
             enable_sleep_mode=v.sleep_during_update, max_num_seqs=v.max_num_seqs, extra=dict(v.extra))
         return VLLMPolicy.from_model(model, tokenizer, workdir, seed=seed, engine=engine)
+    if backend == "http":
+        from turnrl.agents.http_policy import OpenAIPolicy
+        from turnrl.agents.routing import STRATEGIES
+        from turnrl.agents.served import ServedPolicy
+
+        h = cfg.agent.http
+        if not h.base_urls:
+            raise ValueError("agent.backend=http needs agent.http.base_urls=[http://host:port,...]: the rollout "
+                             "servers (vLLM with VLLM_SERVER_DEV_MODE=1, or `python -m turnrl serve-policy`)")
+        if h.route_strategy not in STRATEGIES:
+            raise ValueError(f"agent.http.route_strategy must be one of {STRATEGIES}, got {h.route_strategy!r}")
+        servers = [OpenAIPolicy(url, h.model, mode="tokens", api_key_env=h.api_key_env, timeout_s=h.timeout_s,
+                                max_concurrency=h.max_concurrency, tokenizer=tokenizer) for url in h.base_urls]
+        return ServedPolicy(servers, h.weights_dir or Path(workdir) / "weights", model.config, h.route_strategy)
     raise ValueError(f"agent.backend must be one of {BACKENDS}, got {backend!r}")
 
 

