@@ -250,8 +250,9 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             raise ValueError(f"{resumed.path} holds in-flight rollouts of an asynchronous run; resume it with "
                              "trainer.async_rollouts=true and the same trainer.max_staleness")
     # the sampler of training rollouts: the learner's own model (synchronous transformers), its
-    # copy (asynchronous), or a vLLM engine; the last two take the learner's weights after updates.
-    # Evaluation samples from the learner's model, or from the engine when it is in step with it
+    # copy (asynchronous), a vLLM engine or rollout servers; all but the first take the learner's
+    # weights after updates. Evaluation samples from the learner's model, or from the sampler
+    # when that is in step with it (synchronous rollouts)
     sampler, pipeline = policy, None
     if tcfg.async_rollouts or cfg.agent.backend != "transformers":
         sampler = rollout_policy(cfg, model, tokenizer, run_dir / ("sampler" if world == 1 else f"sampler{rank}"),
