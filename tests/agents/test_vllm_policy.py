@@ -25,6 +25,7 @@ from turnrl.algorithms.learner import Learner, LearnerConfig  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
+from tests.helpers import assert_generation_contract  # noqa: E402
 
 VTINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 MAX_MODEL_LEN = 1024
@@ -77,14 +78,7 @@ def test_generations_are_token_exact_and_end_with_eos_or_at_max_new_tokens(polic
     eos = tokenizer.eos_token_id
     gens = policy.generate(prompts * 8, SAMPLED)
     assert len(gens) == 24
-    for gen in gens:
-        assert len(gen.token_ids) == len(gen.logprobs) >= 1 and gen.exact
-        assert all(isinstance(t, int) for t in gen.token_ids) and all(lp <= 0.0 for lp in gen.logprobs)
-        assert eos not in gen.token_ids[:-1]
-        if gen.finish_reason == "stop":
-            assert gen.token_ids[-1] == eos
-        else:
-            assert gen.finish_reason == "length" and len(gen.token_ids) == SAMPLED.max_new_tokens
+    assert_generation_contract(gens, eos, SAMPLED.max_new_tokens)
     assert {g.finish_reason for g in gens} == {"stop", "length"}
     assert policy.generate([], SAMPLED) == []
 

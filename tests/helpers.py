@@ -1,0 +1,65 @@
+"""Helpers several test files share: the generation contract every policy backend keeps, and
+real servers run as subprocesses (a free port, start until it answers, stop its process group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def assert_generation_contract(gens, eos: int, max_new_tokens: int) -> None:
+    """Each generation is exact, its ids end with ``eos`` ("stop") or are ``max_new_tokens`` long
+    ("length"), one logprob <= 0 per id, and ``eos`` nowhere else."""
+    for gen in gens:
+        assert gen.exact and len(gen.token_ids) == len(gen.logprobs) >= 1
+        assert all(isinstance(t, int) for t in gen.token_ids) and all(lp <= 0.0 for lp in gen.logprobs)
+        assert eos not in gen.token_ids[:-1]
+        if gen.finish_reason == "stop":
+            assert gen.token_ids[-1] == eos
+        else:
+            assert gen.finish_reason == "length" and len(gen.token_ids) == max_new_tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command: list[str], ready_url: str, log: Path, env: dict | None = None, cwd=None,
+                 timeout_s: float = 180) -> subprocess.Popen:
+    """Start ``command`` in its own process group (output to ``log``) and wait until GET
+    ``ready_url`` answers below 500; raise with the log's tail if it exits or times out."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(ready_url, timeout=2, trust_env=False).status_code < 500:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"server not up after {timeout_s} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (a vLLM server, its engine core and worker), then SIGKILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
