@@ -169,7 +169,7 @@ class AsyncRollouts:
             self._s.stop = True
             self._cv.notify_all()
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=60.0)
+            self._thread.join(timeout=5.0)  # a batch in progress finishes on its own (daemon)
 
     def _raise_if_failed(self) -> None:
         if self._s.error is not None:
