@@ -284,7 +284,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
 
         state_of = None
         if cfg.agent.backend != "transformers":
-            from turnrl.agents.vllm_policy import merged_state_dict as state_of
+            from turnrl.agents.weights import merged_state_dict as state_of
         pipeline = AsyncRollouts(collect_step, sampler.load_weights, tcfg.max_staleness, first=start + 1 + len(pending),
                                  last=tcfg.steps, version=start, pending=pending, state_of=state_of)
     # ---------------------------------------------------------------- the RL loop

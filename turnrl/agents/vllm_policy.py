@@ -61,6 +61,8 @@ import numpy as np
 import torch
 
 from turnrl.agents.sampling import Generation, SamplingParams
+from turnrl.agents.weights import merged_state_dict, save_weights
+from turnrl.agents.weights import unwrap_model as _unwrap
 
 __all__ = ["LOGPROB_TOLERANCE", "VLLMEngineConfig", "VLLMPolicy", "logprob_agreement", "merged_state_dict",
            "save_for_engine"]
@@ -452,32 +454,6 @@ def logprob_agreement(policy, model: torch.nn.Module, prompts: list[list[int]], 
 
 
 # ---------------------------------------------------------------------- helpers
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s weights under its checkpoint names, with LoRA adapters merged.
-
-    A plain model gives its ``state_dict()``. A model with peft LoRA adapters injected in
-    place (``Learner`` with ``lora_rank > 0``) gives, for each adapted layer, ``base weight +
-    delta`` under the base layer's own name (``...q_proj.weight``), and no ``lora_`` entries:
-    what an engine serving the base architecture loads.
-    """
-    state = {name: t.detach() for name, t in model.state_dict().items()}
-    adapted = {name: module for name, module in model.named_modules()
-               if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")}
-    if not adapted:
-        return state
-    out = {name: t for name, t in state.items() if "lora_" not in name and ".base_layer." not in name}
-    for name, module in adapted.items():
-        base = module.base_layer
-        weight = base.weight.detach().clone()
-        for adapter in getattr(module, "active_adapters", []):
-            if adapter in getattr(module, "lora_A", {}):
-                weight += module.get_delta_weight(adapter).detach().to(weight.dtype)
-        out[f"{name}.weight"] = weight
-        if getattr(base, "bias", None) is not None:
-            out[f"{name}.bias"] = base.bias.detach()
-    return out
-
-
 def save_for_engine(model: torch.nn.Module, tokenizer, path: str | os.PathLike) -> Path:
     """Write a checkpoint folder an engine loads: ``config.json`` (and the generation config),
     ``model.safetensors`` with ``merged_state_dict(model)`` (a tied ``lm_head.weight`` left out,
@@ -486,18 +462,10 @@ def save_for_engine(model: torch.nn.Module, tokenizer, path: str | os.PathLike) 
     Written here rather than by ``model.save_pretrained``, which under ``torch.distributed``
     writes on rank 0 only: each process's engine needs its own copy.
     """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(path)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(path)
     state = merged_state_dict(model)
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    save_file({name: t.detach().cpu().contiguous() for name, t in state.items()}, str(path / "model.safetensors"),
-              metadata={"format": "pt"})
+    path = save_weights(state, model.config, path, getattr(model, "generation_config", None))
     tokenizer.save_pretrained(path)
     return path
 
@@ -541,13 +509,6 @@ def _config_value(path: str, key: str) -> Any:
     """``key`` of the ``config.json`` in folder ``path`` (None when absent)."""
     config = Path(path) / "config.json"
     return json.loads(config.read_text()).get(key) if config.is_file() else None
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DDP / accelerate wrapper."""
-    while isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        model = model.module
-    return model
 
 
 def _check_engine(path: str, engine: VLLMEngineConfig, on_cpu: bool, platform) -> None:
