@@ -1,5 +1,6 @@
-"""Helpers several test files share: the generation contract every policy backend keeps, and
-real servers run as subprocesses (a free port, start until it answers, stop its process group)."""
+"""Helpers several test files share: the generation contract every policy backend keeps, real
+servers run as subprocesses (a free port, start until it answers, stop its process group), and
+``missing_tool``, the one way a test says a tool of the machine is absent."""
 
 from __future__ import annotations
 
@@ -11,6 +12,27 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+
+
+def under_ci() -> bool:
+    """True when the suite runs as CI (``CI=true``): there every tool CI installs must be present."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+BWRAP_INSTALL = "apt-get install bubblewrap (Debian/Ubuntu), or make install as root"
+
+
+def missing_tool(problem: str, install: str) -> None:
+    """A tool this test needs is absent: skip here, saying how to install it; fail under CI.
+
+    CI (``.ci/run``) installs bubblewrap and the docker engine, so there a missing tool means the
+    attack suite never ran: that must fail the run rather than pass by skipping.
+    """
+    message = f"{problem} (to run this test: {install})"
+    if under_ci():
+        pytest.fail(f"CI=true but {message}", pytrace=False)
+    pytest.skip(message)
 
 
 def assert_generation_contract(gens, eos: int, max_new_tokens: int) -> None:

@@ -12,6 +12,8 @@ from turnrl.envs.python_problems import all_problems
 from turnrl.tools import ToolCall, format_call
 from turnrl.tools.executors import EXECUTORS, Executor, SandboxExecutor, SandboxUnavailable
 
+from tests.helpers import BWRAP_INSTALL, missing_tool
+
 ENV_ID = "turnrl/PythonCoding-v0"
 
 
@@ -20,7 +22,7 @@ def env():
     try:
         e = PythonCodingEnv()
     except SandboxUnavailable as exc:  # only where bwrap truly cannot run
-        pytest.skip(f"bubblewrap sandbox unavailable: {exc}")
+        missing_tool(f"bubblewrap sandbox unavailable: {exc}", BWRAP_INSTALL)
     yield e
     e.close()
 
@@ -210,7 +212,7 @@ def test_check_passes():
     try:
         PythonCodingEnv()
     except SandboxUnavailable as e:
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     report = check(ENV_ID, seeds=8)
     assert report.ok, report.format()
     assert gymnasium.make(ENV_ID).unwrapped.executor_for("run_python").kind == "sandbox"

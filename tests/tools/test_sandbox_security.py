@@ -1,5 +1,7 @@
 """Attacks on the bubblewrap sandbox: each is contained, reported in the message, and the same
-executor runs a normal call right after. Real bwrap, real processes, small limits."""
+executor runs a normal call right after. Real bwrap, real processes, small limits.
+
+Under CI (``CI=true``) a missing bubblewrap fails these tests instead of skipping them."""
 
 import os
 import socket
@@ -13,6 +15,8 @@ import turnrl
 from turnrl.tools import ToolCall, run_python, run_shell, run_sync
 from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable
 
+from tests.helpers import BWRAP_INSTALL, missing_tool
+
 LIMITS = Limits(cpu_s=1, wall_s=2, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
 
@@ -22,7 +26,7 @@ def sandbox():
     try:
         ex = SandboxExecutor(LIMITS, timeout_s=20)
     except SandboxUnavailable as e:  # only where bwrap truly cannot run
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     yield ex
     ex.close()
 
@@ -149,3 +153,241 @@ def test_sandbox_runs_as_unprivileged_user_with_a_clean_environment(sandbox):
                      "print(os.getuid() != 0)")
     assert "/work /work /usr/bin/python3" in r.content
     assert "[]\nTrue" in r.content
+
+
+# ------------------------------------------------------------------ what the host leaks in
+ALL_ENVIRONS = (
+    "import os\n"
+    "seen = {}\n"
+    "for pid in os.listdir('/proc'):\n"
+    "    if pid.isdigit() or pid in ('self', 'thread-self'):\n"
+    "        try:\n"
+    "            seen[pid] = open(f'/proc/{pid}/environ', 'rb').read()\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "print(len(seen), 'readable')\n"
+    "print(b'\\n'.join(seen.values()).decode(errors='replace'))\n"
+    "print(dict(os.environ))\n"
+)
+
+
+def test_host_environment_reaches_no_process_inside(monkeypatch):
+    """bwrap itself (pid 1 inside without --as-pid-1) used to carry the parent's environment."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-turnrl-test-secret-4242")
+    monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libgomp-preloaded.so")  # what importing vLLM sets
+    try:
+        ex = SandboxExecutor(LIMITS, timeout_s=20)  # started with the secret in the environment
+    except SandboxUnavailable as e:
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+    try:
+        r = run(ex, ALL_ENVIRONS)
+        assert r.error is None and "readable" in r.content
+        assert int(r.content.split("stdout:\n")[1].split()[0]) >= 2  # pid 1 and the program at least
+        assert "sk-turnrl-test-secret" not in r.content and "OPENAI_API_KEY" not in r.content
+        assert "LD_PRELOAD" not in r.content and "preloaded" not in r.content
+        assert "stderr" not in r.content  # no "ld.so: object ... cannot be preloaded"
+        r = run(ex, shell="echo ok; cat /proc/1/environ | tr '\\0' '\\n'")
+        assert r.error is None and "ok" in r.content and "sk-turnrl" not in r.content and "stderr" not in r.content
+    finally:
+        ex.close()
+
+
+def test_no_host_path_is_visible_inside(sandbox):
+    r = run(sandbox, "import os\nprint(open('/proc/self/mountinfo').read())\nprint(os.getcwd(), os.environ.get('PWD'))\n"
+                     "print(open('/proc/1/environ', 'rb').read())")
+    assert r.error is None and " /work " in r.content
+    for host_path in (sandbox._root, os.getcwd(), str(Path(turnrl.__file__).parents[1])):
+        assert host_path not in r.content, host_path
+    assert "/tmp/" not in r.content and "turnrl-sandbox" not in r.content
+
+
+# ----------------------------------------------------- memory: the run as a whole is bounded
+FORKED_HOGS = """
+import os, time
+r, w = os.pipe()
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            block = bytearray(b"x") * (200 << 20)   # 200 MiB, every page written
+            os.write(w, b"1")
+            time.sleep(1.5)                          # held while the others try
+        except MemoryError:
+            os.write(w, b"0")
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+for pid in kids:
+    os.waitpid(pid, 0)
+got = b""
+while chunk := os.read(r, 16):
+    got += chunk
+print("children that held 200 MiB:", got.count(b"1"))
+"""
+
+TMPFS_FILL = """
+import os, sys
+total = 0
+try:
+    for i in range(1024):
+        with open(f"{sys.argv[1]}/f{i}", "wb") as f:
+            for _ in range(4):
+                f.write(b"x" * (1 << 20))
+                total += 1 << 20
+except OSError as e:
+    print("stopped:", e.strerror)
+print("MiB written:", total >> 20)
+"""
+
+
+def memory_sandbox(memory):
+    """256 MiB in all. With a cgroup, /tmp and /dev/shm may each hold 1 GiB by size, so only the
+    budget stops them; without one, their sizes must fit the budget (else it is refused)."""
+    file_mb = 16 if memory == "rlimit" else 1024
+    limits = Limits(cpu_s=10, wall_s=15, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=file_mb)
+    try:
+        return SandboxExecutor(limits, timeout_s=30, workdir_mb=16, memory=memory)
+    except SandboxUnavailable as e:
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+
+
+def written_mib(result) -> int:
+    if "MiB written:" not in result.content:  # killed before printing: by the budget itself
+        assert result.error == "limit" and "out of memory (limit memory_mb=256)" in result.content, result.content
+        return 0
+    return int(result.content.split("MiB written:")[1].split()[0])
+
+
+@pytest.fixture(scope="module", params=["auto", "rlimit"])
+def memory_box(request):
+    ex = memory_sandbox(request.param)
+    yield ex
+    ex.close()
+
+
+def test_memory_budget_holds_for_all_processes_together(memory_box):
+    """Four children of 200 MiB each reached 834 MiB of host memory under a per-process limit."""
+    r = run(memory_box, FORKED_HOGS)
+    if "children that held" in r.content:
+        assert int(r.content.split("children that held 200 MiB:")[1].split()[0]) <= 1, r.content
+    else:  # the budget killed the program itself
+        assert r.error == "limit" and "out of memory" in r.content, r.content
+    still_works(memory_box)
+
+
+@pytest.mark.parametrize("where", ["/dev/shm", "/tmp", "."])
+def test_memory_budget_holds_for_tmpfs_files(memory_box, where):
+    """/dev/shm took 1 GiB of host memory in 0.1 s: tmpfs pages now count against memory_mb."""
+    r = run(memory_box, TMPFS_FILL.replace("sys.argv[1]", repr(where)))
+    assert written_mib(r) <= 256, r.content
+    still_works(memory_box)
+
+
+def test_memory_mode_says_which_bound_runs(memory_box):
+    mode = memory_box.memory_mode
+    assert mode.startswith(("cgroup v1 (", "cgroup v2 (", "rlimit ("))
+    if mode.startswith("rlimit"):  # the processes that fit beside the tmpfs mounts, 32 MiB or more each
+        procs, mib = (int(x) for x in mode.split("(")[1].split(" MiB")[0].split(" processes x "))
+        assert mode == "rlimit (6 processes x 34 MiB)" and procs * mib + 16 + 2 * 16 <= 256
+
+
+def test_on_machines_with_a_memory_cgroup_it_is_used():
+    from turnrl.tools.executors.cgroup import MemoryCgroups
+
+    groups = MemoryCgroups.find()
+    if groups is None:
+        pytest.skip("no writable memory cgroup on this machine: the rlimit bound runs (tested above)")
+    groups.close()
+    ex = memory_sandbox("auto")
+    try:
+        assert ex.memory_mode.startswith("cgroup")
+        r = run(ex, "chunks = []\nwhile True: chunks.append(bytearray(b'x') * (10 << 20))")
+        assert r.error == "limit" and "out of memory (limit memory_mb=256)" in r.content
+    finally:
+        ex.close()
+
+
+def test_without_a_cgroup_impossible_budgets_are_refused():
+    with pytest.raises(ValueError, match="raise memory_mb to 128"):
+        SandboxExecutor(Limits(memory_mb=64, file_mb=16), workdir_mb=64, memory="rlimit")
+
+
+# --------------------------------------------------------------- attack surface no program needs
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+
+
+def test_ptrace_of_the_sandbox_init_is_denied(sandbox):
+    r = run(sandbox, LIBC + "print('attach', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"
+                            "print('traceme', libc.ptrace(0, 0, 0, 0), ctypes.get_errno())\n"
+                            "print(open('/proc/1/mem', 'rb').read(1) if False else 'skip')")
+    assert "attach -1 1" in r.content and "traceme -1 1" in r.content, r.content
+    still_works(sandbox)
+
+
+def test_nested_user_namespaces_are_denied(sandbox):
+    r = run(sandbox, shell="unshare -Urm id; echo rc=$?; unshare -U true; echo rc=$?")
+    assert "uid=0" not in r.content and "rc=0" not in r.content, r.content
+    r = run(sandbox, LIBC + "CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET = 0x10000000, 0x20000, 0x40000000\n"
+                            "for flags in (CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNS):\n"
+                            "    print('unshare', hex(flags), libc.unshare(flags), ctypes.get_errno())\n"
+                            "pid = os.fork()\n"  # plain forks still work
+                            "if pid == 0: os._exit(7)\n"
+                            "print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))")
+    assert r.content.count(" -1 1") == 4 and "fork 7" in r.content, r.content
+    still_works(sandbox)
+
+
+@pytest.mark.parametrize("name, call", [
+    ("mount", "libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)"),
+    ("keyctl", "libc.syscall(250 if os.uname().machine == 'x86_64' else 219, 0, 0, 0, 0, 0)"),
+    ("bpf", "libc.syscall(321 if os.uname().machine == 'x86_64' else 280, 0, 0, 0)"),
+    ("perf_event_open", "libc.syscall(298 if os.uname().machine == 'x86_64' else 241, 0, 0, -1, -1, 0)"),
+    ("setns", "libc.setns(os.open('/proc/self/ns/net', os.O_RDONLY), 0)"),
+    ("io_uring_setup", "libc.syscall(425, 1, 0)"),
+    ("userfaultfd", "libc.syscall(323 if os.uname().machine == 'x86_64' else 282, 0)"),
+])
+def test_dangerous_system_calls_are_denied(sandbox, name, call):
+    r = run(sandbox, LIBC + f"print({name!r}, {call}, ctypes.get_errno())")
+    assert f"{name} -1 1" in r.content, r.content  # EPERM from the seccomp filter
+
+
+def test_clone3_falls_back_so_threads_and_subprocesses_still_work(sandbox):
+    r = run(sandbox, LIBC + "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
+                            "import subprocess, threading\n"
+                            "t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n"
+                            "print(subprocess.run(['echo', 'subprocess ok'], capture_output=True, text=True).stdout)")
+    assert "clone3 -1 38" in r.content and "thread ok" in r.content and "subprocess ok" in r.content, r.content
+
+
+# ------------------------------------------------------------ bad input and the launcher's own traces
+def test_invalid_text_is_refused_before_the_launch_with_a_clear_message(sandbox):
+    r = run(sandbox, "print('ok')\udc80")
+    assert r.error == "bad_arguments" and "argument 'code'" in r.content and "lone surrogate" in r.content
+    assert "Traceback" not in r.content and "launcher" not in r.content
+    r = run(sandbox, shell="echo a\x00b")
+    assert r.error == "bad_arguments" and "NUL" in r.content and "Traceback" not in r.content
+    r = run(sandbox, "print('héllo, 中文, 😀')")
+    assert r.content == "Exit code: 0\nstdout:\nhéllo, 中文, 😀"
+
+
+def test_exited_sandboxes_leave_no_zombies(sandbox):
+    """Without --as-pid-1 bwrap's own init outlived the run as an orphan, a zombie for seconds."""
+
+    def zombies():
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                continue
+            comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+            if state == "Z" and comm in ("bwrap", "python3", "setpriv", "sh"):
+                found.append((pid, comm))
+        return found
+
+    for code in ("print(1)", "while True: print('spam' * 100)", "import time\ntime.sleep(30)"):
+        run(sandbox, code)
+        time.sleep(0.2)
+        assert not [z for z in zombies() if z[1] == "bwrap"], (code, zombies())

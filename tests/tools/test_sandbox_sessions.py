@@ -9,6 +9,8 @@ from turnrl.envs.base import MultiTurnEnv, TurnOutcome
 from turnrl.tools import Program, ToolCall, run_python, run_shell, run_sync, tool
 from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable, get_executor
 
+from tests.helpers import BWRAP_INSTALL, missing_tool
+
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256}
 
 
@@ -17,7 +19,7 @@ def sandbox():
     try:
         ex = SandboxExecutor(LIMITS)
     except SandboxUnavailable as e:
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     yield ex
     ex.close()
 
@@ -31,9 +33,10 @@ def test_files_persist_within_a_session_not_across(sandbox):
     py(sandbox, "open('notes.txt', 'w').write('kept')", a)
     assert "stdout:\nkept" in py(sandbox, "print(open('notes.txt').read())", a).content
     assert "FileNotFoundError" in py(sandbox, "print(open('notes.txt').read())", b).content
-    workdir = sandbox.workdir(a)
+    state = sandbox.session_file(a)
+    assert state.exists() and b"kept" in state.read_bytes()
     sandbox.close_session(a)
-    assert not os.path.exists(workdir)
+    assert not state.exists()
     assert "FileNotFoundError" in py(sandbox, "print(open('notes.txt').read())", a).content
 
 
@@ -96,14 +99,14 @@ def test_env_sessions_are_per_episode_and_closed_on_reset():
     try:
         env = Coder(executor_options={"sandbox": {"limits": LIMITS}})
     except SandboxUnavailable as e:
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     assert env.executor_for("run_python") is get_executor("sandbox", limits=LIMITS)
     env.reset(seed=0)
     obs, *_ , info = env.step(env.expert_action())
     assert obs[0]["content"] == "Exit code: 0\nstdout:\nx" and info["tool_errors"] == 0
-    first_dir = env.executor_for("run_python").workdir(env.session)
+    first_state = env.executor_for("run_python").session_file(env.session)
     env.reset(seed=0)  # a new episode: a new, empty working dir
-    assert not os.path.exists(first_dir)
+    assert not first_state.exists()
     obs, *_ = env.step(env.expert_action())
     assert obs[0]["content"] == "Exit code: 0\nstdout:\nx"
     env.close()

@@ -27,6 +27,7 @@ from turnrl.tools.tool import Tool
 
 __all__ = [
     "EXECUTORS",
+    "BadProgram",
     "Executor",
     "LimitHit",
     "Limits",
@@ -36,7 +37,7 @@ __all__ = [
     "get_executor",
 ]
 
-LimitHit = Literal["cpu", "wall", "memory", "output", "procs", "file"]
+LimitHit = Literal["cpu", "wall", "memory", "output", "procs", "file", "disk"]
 SHOWN_CHARS = 4_000
 """``RunResult.message()`` keeps at most this many characters of stdout and of stderr."""
 
@@ -49,6 +50,8 @@ class Program:
     Raises:
         ValueError: If ``argv`` is empty, or a file path is absolute or leaves the working
             directory (``..``).
+        BadProgram: If any text is not valid Unicode (a lone surrogate), or an ``argv`` item
+            or a path holds a NUL character; the message says which.
     """
 
     argv: tuple[str, ...]
@@ -66,6 +69,45 @@ class Program:
                 raise ValueError(f"Program.files paths must be relative and stay inside the working dir, got {path!r}")
             if not isinstance(text, str):
                 raise ValueError(f"Program.files[{path!r}] must be str, got {type(text).__name__}")
+        if not isinstance(self.stdin, str):
+            raise ValueError(f"Program.stdin must be str, got {type(self.stdin).__name__}")
+        texts = [(f"argv[{i}]", a, True) for i, a in enumerate(self.argv)]
+        texts += [(f"the file name {path!r}", str(path), True) for path in self.files]
+        texts += [(f"the file {path!r}", text, False) for path, text in self.files.items()]
+        for where, text, no_nul in [*texts, ("stdin", self.stdin, False)]:
+            _check_text(where, text, no_nul)
+
+
+class BadProgram(ValueError):
+    """A ``Program`` that cannot be sent to a sandbox (invalid text, NUL in argv or a path)."""
+
+
+def _bad_text(value: Any) -> str | None:
+    """Why ``value`` (a call argument: str, or lists/dicts of them) cannot be sent as UTF-8 text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"holds {value[e.start]!r} at character {e.start}, a lone surrogate that is not valid "
+                    "Unicode text; send plain UTF-8 text")
+        return None
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        problem = _bad_text(key) if isinstance(key, str) else None
+        problem = problem or _bad_text(item)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_text(where: str, text: str, no_nul: bool) -> None:
+    """Raise a "bad arguments" ValueError if ``text`` cannot be sent as UTF-8 (or holds NUL)."""
+    problem = _bad_text(text)
+    if problem is not None:
+        raise BadProgram(f"{where} {problem}")
+    if no_nul and "\0" in text:
+        raise BadProgram(f"{where} holds a NUL character at character {text.index(chr(0))}, "
+                         "which a command line or file name cannot carry; remove it")
 
 
 @dataclass(frozen=True)
@@ -75,7 +117,9 @@ class Limits:
     Attributes:
         cpu_s: CPU seconds (RLIMIT_CPU; rounded up to whole seconds by the kernel limit).
         wall_s: Wall-clock seconds, then the whole sandbox is killed.
-        memory_mb: Address-space cap (RLIMIT_AS) in MiB.
+        memory_mb: Memory of one run in MiB. The bubblewrap sandbox bounds all of a run's
+            processes and the tmpfs files they write together (see ``sandbox.py``); every
+            process also gets it as its address-space cap (RLIMIT_AS).
         output_bytes: Bytes of stdout+stderr kept; the run is stopped when exceeded.
         max_procs: Processes/threads (RLIMIT_NPROC inside a user namespace).
         file_mb: Largest file it may write (RLIMIT_FSIZE) in MiB.
@@ -119,6 +163,7 @@ class Limits:
             "procs": (f"Stopped: the program tried to start more than {self.max_procs} processes or threads "
                       f"(limit max_procs={self.max_procs})."),
             "file": f"Stopped: the program wrote a file larger than {self.file_mb} MB (limit file_mb={self.file_mb}).",
+            "disk": "Stopped: the program ran out of space for its files (the sandbox's disk space is capped).",
         }[limit]
 
 
@@ -213,8 +258,15 @@ class Executor(ABC):
     def program_of(self, tool: Tool, call: ToolCall) -> Program | ToolResult:
         """The ``Program`` a code tool builds from the call's arguments, or the ``"exception"``
         result to return when the tool raises or is not a code tool (for sandbox-like executors)."""
+        for name, value in call.arguments.items():
+            problem = _bad_text(value)
+            if problem is not None:
+                return ToolResult(call, f"Error: bad arguments for tool {tool.name!r}: argument {name!r} {problem}",
+                                  "bad_arguments")
         try:
             program = tool.fn(**call.arguments)
+        except BadProgram as e:
+            return ToolResult(call, f"Error: bad arguments for tool {tool.name!r}: {e}", "bad_arguments")
         except Exception as e:
             return ToolResult(call, f"Error: tool {tool.name!r} raised {type(e).__name__}: {e}", "exception")
         if not isinstance(program, Program):

@@ -1,29 +1,46 @@
 """The bubblewrap sandbox executor: model-written programs in throwaway namespaces, under limits.
 
-Each run is one ``bwrap`` process: new user, pid, net, ipc, uts and cgroup namespaces (the
-network namespace has only its own loopback: nothing outside is reachable), read-only
-``/usr`` (and the ``/bin``, ``/lib*`` links or dirs), a few loader files from ``/etc`` (never
-``/etc`` as a whole), a private ``/proc``, a minimal ``/dev``, a small tmpfs ``/tmp`` and the
-session's working dir bound read-write at ``/work`` (cwd and ``HOME``). The environment is
-cleared. The project checkout, the venv and the rest of the host are not mounted: programs
-run the system ``/usr/bin/python3``. Run as root, the sandbox drops to an unprivileged uid
-(``nobody``) first, so kernel limits apply and host files keep their owner's protection.
+What a run sees: new user, pid, net, ipc, uts and cgroup namespaces (the network namespace has
+only its own loopback: nothing outside is reachable); read-only ``/usr`` (and the ``/bin``,
+``/lib*`` links or dirs) and a few loader files from ``/etc`` (never ``/etc`` as a whole); a
+private ``/proc``; a read-only minimal ``/dev``; and three size-capped tmpfs mounts: the
+working dir ``/work`` (cwd and ``HOME``, ``workdir_mb``), ``/tmp`` and ``/dev/shm``
+(``Limits.file_mb`` each). No host directory is writable or bound, so no host path appears
+anywhere in the sandbox (``/proc/self/mountinfo`` included). The environment of every process
+inside, bubblewrap's own included, is a fixed minimal one: nothing of the host's (API keys,
+``LD_PRELOAD``) leaks in. Run as root, the sandbox drops to an unprivileged uid (``nobody``)
+first (with ``setpriv``), so kernel limits apply.
 
-Inside, a small launcher writes the ``Program.files`` (as the sandbox user, so links planted
-by an earlier run cannot redirect the writes onto the host), sets RLIMIT_CPU, RLIMIT_AS,
-RLIMIT_NPROC, RLIMIT_FSIZE (and no core dumps), then execs ``argv``. The executor kills the
-whole sandbox after ``wall_s`` or once stdout+stderr exceed ``output_bytes``. Which limit
-stopped a run is read from the exit status (SIGXCPU/SIGKILL: cpu, SIGXFSZ: file) and from
-the program's own error text (MemoryError, EAGAIN on fork, EFBIG).
+Hardening: nested user namespaces are disabled (``--disable-userns``, bubblewrap >= 0.8) and a
+seccomp filter (``seccomp.py``) denies ptrace, mounts, namespaces, the keyring, bpf,
+perf_event_open, io_uring and the like.
 
-Not bounded: the total disk space of a session's working dir (each file is capped by
-``file_mb``); sessions are deleted by ``close_session``.
+Sessions: a session's files live on the host only as an opaque blob the host never unpacks.
+A small launcher inside the sandbox restores them into ``/work``, writes ``Program.files``,
+forks the program under RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE (no core dumps),
+waits for it, then packs ``/work`` back out through a pipe. A run stopped from outside (wall
+clock, output cap) keeps the session's files as they were before it.
+
+Memory: where a memory cgroup is writable (``cgroup.py``: v2, or the v1 controller), each run
+gets its own cgroup capped at ``memory_mb``: all its processes plus every tmpfs page they
+write (``/work``, ``/tmp``, ``/dev/shm``) stay within it together, and an OOM kill is reported
+as the memory limit. Elsewhere the bound is kept by rlimits: the tmpfs sizes are taken off
+``memory_mb`` and the rest is split over the processes (RLIMIT_AS of at least
+``MIN_PROCESS_MB`` each, RLIMIT_NPROC lowered to fit). ``SandboxExecutor.memory_mode`` says
+which one runs.
+
+The executor kills the whole sandbox after ``wall_s`` or once stdout+stderr exceed
+``output_bytes``. Which limit stopped a run is read from the exit status (SIGXCPU or an
+unexplained SIGKILL: cpu; SIGKILL after an OOM kill: memory; SIGXFSZ: file) and from the
+program's error text (MemoryError, EAGAIN on fork, EFBIG, ENOSPC).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -35,39 +52,79 @@ import time
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping
 
 from turnrl.tools.execute import ToolResult
+from turnrl.tools.executors import seccomp
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
+from turnrl.tools.executors.cgroup import MemoryCgroups, RunCgroup
 from turnrl.tools.executors.verdict import OutputCap, verdict
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 
 __all__ = ["SandboxExecutor", "SandboxUnavailable", "bwrap_command"]
 
+log = logging.getLogger(__name__)
+
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 NOBODY = 65534
 SANDBOX_HOME = "/work"
 SANDBOX_PATH = "/usr/bin:/bin"
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The whole environment bubblewrap (and everything inside) starts with: nothing of the host's."""
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime")
 TOP_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 READ_CHUNK = 65_536
 HEADER_DIGITS = 16
 KILL_GRACE_S = 2.0
 """After killing a sandbox, seconds to wait for its pipes to close."""
+MIN_PROCESS_MB = 32
+"""Without a memory cgroup: the smallest address space a process gets (python3 starts in 16)."""
+STATE_OVERHEAD = 1 << 20
+"""Bytes of packing overhead allowed above ``workdir_mb`` when reading a session's files back."""
+JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
+"""``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is $0, then exec."""
 
 LAUNCHER = r"""
-import json, os, resource, signal, sys
+import json, marshal, os, resource, stat, sys
+H = %d
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 def read_exact(n):
     parts = []
     while n:
-        b = os.read(0, n)
+        b = os.read(0, min(n, 1 << 20))
         if not b:
-            sys.exit("turnrl sandbox: the launcher header was cut short")
+            sys.exit("turnrl sandbox: the launcher's input was cut short")
         parts.append(b)
         n -= len(b)
     return b"".join(parts)
-spec = json.loads(read_exact(int(read_exact(%d))))
+spec = json.loads(read_exact(int(read_exact(H))))
+out = spec["state_fd"]
+os.set_inheritable(out, False)
+left, dirs = spec["state_bytes"], []
+while left > 0:
+    n = int(read_exact(H))
+    left -= H + n
+    path, kind, mode, data = marshal.loads(read_exact(n))
+    try:
+        if kind == "d":
+            os.makedirs(path, exist_ok=True)
+            dirs.append((path, mode))
+        elif kind == "l":
+            os.symlink(data, path)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(path, mode)
+    except (OSError, ValueError):
+        pass
+for path, mode in reversed(dirs):
+    try:
+        os.chmod(path, mode)
+    except OSError:
+        pass
 for rel, text in spec["files"].items():
     parent = os.path.dirname(rel)
     if parent:
@@ -76,17 +133,59 @@ for rel, text in spec["files"].items():
         os.unlink(rel)
     with open(rel, "w", encoding="utf-8") as f:
         f.write(text)
-for name, soft, hard in spec["limits"]:
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-    signal.signal(sig, signal.SIG_DFL)
 argv = spec["argv"]
+pid = os.fork()
+if pid == 0:
+    try:
+        for name, soft, hard in spec["limits"]:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        import signal
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        os.write(2, ("cannot run %%r: %%s\n" %% (argv[0], e.strerror)).encode())
+    except BaseException as e:
+        os.write(2, ("cannot run %%r: %%r\n" %% (argv[0], e)).encode())
+    finally:
+        os._exit(127)
+os.close(0)
+while True:  # pid 1 of the sandbox: reap every orphan until the program itself ends
+    try:
+        done, status = os.wait()
+    except ChildProcessError:
+        status = 0
+        break
+    if done == pid:
+        break
+def record(path, kind, mode, data):
+    rec = marshal.dumps((path, kind, mode, data))
+    view = memoryview(b"%%0*d" %% (H, len(rec)) + rec)
+    while view:
+        view = view[os.write(out, view):]
 try:
-    os.execvp(argv[0], argv)
-except OSError as e:
-    sys.stderr.write("cannot run %%r: %%s\n" %% (argv[0], e.strerror))
-    sys.exit(127)
+    for root, subdirs, files in os.walk("."):
+        for name in subdirs + files:
+            path = os.path.join(root, name)[2:]
+            try:
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    record(path, "l", 0, os.readlink(path))
+                elif stat.S_ISDIR(st.st_mode):
+                    record(path, "d", stat.S_IMODE(st.st_mode), b"")
+                elif stat.S_ISREG(st.st_mode):
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with os.fdopen(fd, "rb") as f:
+                        if stat.S_ISREG(os.fstat(fd).st_mode):
+                            record(path, "f", stat.S_IMODE(st.st_mode), f.read())
+            except OSError:
+                pass
+    os.close(out)
+except OSError:
+    pass
+os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """ % HEADER_DIGITS
+
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing or cannot create the namespaces it needs on this machine."""
@@ -99,16 +198,22 @@ class _Identity:
     uid: int | None
     gid: int | None
 
-    def popen_kwargs(self) -> dict[str, Any]:
-        if self.uid is None:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+@dataclass(frozen=True)
+class _Bwrap:
+    """The host binaries of a launch and what this bubblewrap supports."""
+
+    bwrap: str
+    setpriv: str | None
+    disable_userns: bool
 
 
-def bwrap_command(bwrap: str, *, workdir: str, tmp_bytes: int, argv: tuple[str, ...] | None = None) -> list[str]:
-    """The ``bwrap`` argv for a run of ``argv`` (default: the launcher) in ``workdir``."""
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-           "--ro-bind", "/usr", "/usr"]
+def bwrap_command(bwrap: str, *, tmp_bytes: int, workdir_bytes: int, seccomp_fd: int | None = None,
+                  disable_userns: bool = True, argv: tuple[str, ...] | None = None) -> list[str]:
+    """The ``bwrap`` argv for a run of ``argv`` (default: the launcher), as described in the
+    module docstring; ``seccomp_fd`` is an fd this process passes on, holding the filter."""
+    cmd = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if disable_userns else []),
+           "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in TOP_DIRS:
         if os.path.islink(top):
             cmd += ["--symlink", os.readlink(top), top]
@@ -116,12 +221,16 @@ def bwrap_command(bwrap: str, *, workdir: str, tmp_bytes: int, argv: tuple[str, 
             cmd += ["--ro-bind", top, top]
     for path in ETC_FILES:
         cmd += ["--ro-bind-try", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-            "--bind", workdir, SANDBOX_HOME, "--remount-ro", "/", "--chdir", SANDBOX_HOME,
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--size", str(tmp_bytes), "--tmpfs", "/dev/shm",
+            "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+            "--size", str(workdir_bytes), "--tmpfs", SANDBOX_HOME,
+            "--remount-ro", "/", "--chdir", SANDBOX_HOME,
             "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_HOME,
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-            "--", *(argv or ("/usr/bin/python3", "-I", "-S", "-c", LAUNCHER))]
-    return cmd
+            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    return cmd + ["--", *(argv or ("/usr/bin/python3", "-I", "-S", "-c", LAUNCHER))]
 
 
 def _identity(run_as: int | None | str) -> _Identity:
@@ -134,20 +243,69 @@ def _identity(run_as: int | None | str) -> _Identity:
     return _Identity(run_as, run_as)
 
 
+def _prefix(tools: _Bwrap, identity: _Identity, cgroup: RunCgroup | None) -> list[str]:
+    """What runs before bwrap: join the run's cgroup (as this process's user), then drop to
+    ``identity`` (``setpriv``); both exec in turn, so bwrap keeps the pid the executor spawned."""
+    prefix: list[str] = []
+    if cgroup is not None:
+        prefix += ["/bin/sh", "-c", JOIN_CGROUP, cgroup.procs]
+    if identity.uid is not None:
+        prefix += [tools.setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups"]
+    return prefix
+
+
+def _seccomp_pipe() -> int | None:
+    """A pipe's read end holding the seccomp filter (one per run: bwrap reads it to EOF)."""
+    if not seccomp.supported():
+        return None
+    read, write = os.pipe()
+    try:
+        os.write(write, seccomp.filter_program())
+    finally:
+        os.close(write)
+    return read
+
+
 @lru_cache(maxsize=None)
-def _probe(bwrap: str, identity: _Identity) -> None:
-    """Start one trivial sandbox; raise ``SandboxUnavailable`` saying why it failed."""
-    with tempfile.TemporaryDirectory(prefix="turnrl-sandbox-probe-") as tmp:
-        if identity.uid is not None:
-            os.chown(tmp, identity.uid, identity.gid)
-        cmd = bwrap_command(bwrap, workdir=tmp, tmp_bytes=1 << 20, argv=("/usr/bin/true",))
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, **identity.popen_kwargs())
-        except (OSError, subprocess.SubprocessError) as e:
-            raise SandboxUnavailable(f"bubblewrap ({bwrap}) could not be started: {e}; {INSTALL_HINT}") from e
+def _tools(bwrap: str, drop: bool) -> _Bwrap:
+    found = shutil.which(bwrap)
+    if found is None:
+        raise SandboxUnavailable(
+            f"the sandbox executor needs bubblewrap, but {bwrap!r} is not on PATH; {INSTALL_HINT}")
+    setpriv = shutil.which("setpriv") if drop else None
+    if drop and setpriv is None:
+        raise SandboxUnavailable(
+            "the sandbox drops to an unprivileged uid when started as root, which needs setpriv "
+            "(Debian/Ubuntu: apt-get install util-linux); or pass run_as=None to stay root")
+    try:
+        usage = subprocess.run([found, "--help"], capture_output=True, text=True, timeout=30, env=HOST_ENV).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SandboxUnavailable(f"bubblewrap ({found}) could not be started: {e}; {INSTALL_HINT}") from e
+    return _Bwrap(found, setpriv, "--disable-userns" in usage)
+
+
+@lru_cache(maxsize=None)
+def _probe(tools: _Bwrap, identity: _Identity) -> None:
+    """Start one trivial sandbox as a run would be; raise ``SandboxUnavailable`` saying why not."""
+    _try_start(tools, identity, None)
+
+
+def _try_start(tools: _Bwrap, identity: _Identity, cgroup: RunCgroup | None) -> None:
+    fd = _seccomp_pipe()
+    cmd = _prefix(tools, identity, cgroup) + bwrap_command(
+        tools.bwrap, tmp_bytes=1 << 20, workdir_bytes=1 << 20, seccomp_fd=fd,
+        disable_userns=tools.disable_userns, argv=("/usr/bin/true",))
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=HOST_ENV, cwd="/",
+                              pass_fds=() if fd is None else (fd,))
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SandboxUnavailable(f"bubblewrap ({tools.bwrap}) could not be started: {e}; {INSTALL_HINT}") from e
+    finally:
+        if fd is not None:
+            os.close(fd)
     if done.returncode != 0:
         raise SandboxUnavailable(
-            f"bubblewrap ({bwrap}) cannot create its namespaces here (exit {done.returncode}: "
+            f"bubblewrap ({tools.bwrap}) cannot create its namespaces here (exit {done.returncode}: "
             f"{done.stderr.strip()}); {INSTALL_HINT} and allow unprivileged user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
         )
@@ -157,62 +315,119 @@ def _probe(bwrap: str, identity: _Identity) -> None:
 class SandboxExecutor(Executor):
     """Runs code tools (their fn returns a ``Program``) in a bubblewrap sandbox.
 
-    Each session (episode) gets a private working dir, created on first use and deleted by
-    ``close_session``/``close`` (and at interpreter exit); files persist across the calls
-    of one session only. See the module docstring for what the sandbox exposes.
+    Each session (episode) has its own files, kept between the calls of that session only and
+    deleted by ``close_session``/``close``. See the module docstring for what the sandbox
+    exposes, what it bounds and how.
 
     Args:
-        limits: Per-run limits (a ``Limits`` or a mapping of its fields).
+        limits: Per-run limits (a ``Limits`` or a mapping of its fields). ``memory_mb`` bounds
+            the run as a whole: its processes and its tmpfs files together.
         max_concurrency: Sandboxes that may run at once, over all sessions.
         timeout_s: Seconds one call may take in all (a backstop above ``limits.wall_s``).
         bwrap: The bubblewrap binary (name on PATH or path).
         run_as: ``"auto"`` (drop to uid 65534 when running as root, else stay), None (stay)
             or a uid to drop to (needs root).
+        workdir_mb: Size of the working dir ``/work``: all the files of a session, in MiB.
+        memory: ``"auto"`` (a memory cgroup where one is writable, else rlimits), ``"cgroup"``
+            (require one) or ``"rlimit"`` (never use one).
+
+    Attributes:
+        memory_mode: How memory is bounded here: ``"cgroup v1 (path)"``/``"cgroup v2 (path)"``
+            or ``"rlimit (N processes x M MiB)"``.
 
     Raises:
-        SandboxUnavailable: If bwrap is missing or cannot create namespaces; the message
-            says ``apt-get install bubblewrap``.
+        SandboxUnavailable: If bwrap is missing or cannot create namespaces (the message says
+            ``apt-get install bubblewrap``), or ``memory="cgroup"`` finds no usable cgroup.
+        ValueError: If the limits cannot be met without a cgroup (too little ``memory_mb``).
     """
 
     kind = "sandbox"
 
     def __init__(self, limits: Limits | Mapping[str, Any] | None = None, *, max_concurrency: int = 8,
-                 timeout_s: float = 60.0, bwrap: str = "bwrap", run_as: int | None | str = "auto") -> None:
+                 timeout_s: float = 60.0, bwrap: str = "bwrap", run_as: int | None | str = "auto",
+                 workdir_mb: int = 64, memory: str = "auto") -> None:
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self.limits = Limits.coerce(limits)
-        found = shutil.which(bwrap)
-        if found is None:
-            raise SandboxUnavailable(
-                f"the sandbox executor needs bubblewrap, but {bwrap!r} is not on PATH; {INSTALL_HINT}")
-        self.bwrap = found
+        if isinstance(workdir_mb, bool) or not isinstance(workdir_mb, int) or workdir_mb <= 0:
+            raise ValueError(f"workdir_mb must be a positive int (MiB), got {workdir_mb!r}")
+        if memory not in ("auto", "cgroup", "rlimit"):
+            raise ValueError(f"memory must be 'auto', 'cgroup' or 'rlimit', got {memory!r}")
+        self.workdir_mb = workdir_mb
         self._identity = _identity(run_as)
-        _probe(self.bwrap, self._identity)
+        self._tools = _tools(bwrap, self._identity.uid is not None)
+        self.bwrap = self._tools.bwrap
+        _probe(self._tools, self._identity)
+        self._cgroups = self._find_cgroups() if memory != "rlimit" else None
+        if self._cgroups is None and memory == "cgroup":
+            raise SandboxUnavailable(
+                "memory='cgroup' but no memory cgroup is writable here (cgroup v2 with the memory "
+                "controller delegated to this process, or the v1 memory controller, as root); "
+                "use memory='auto' to bound memory with rlimits instead")
+        self._rlimit_procs, self._rlimit_mb = self._rlimit_budget()
+        self._effective = dataclasses.replace(self.limits, max_procs=self._rlimit_procs)
+        """The limits the model is told of (without a cgroup, fewer processes than asked)."""
+        self.memory_mode = (self._cgroups.describe() if self._cgroups is not None else
+                            f"rlimit ({self._rlimit_procs} processes x {self._rlimit_mb} MiB)")
+        if self._cgroups is None:
+            log.warning("sandbox: no memory cgroup is writable here, so memory_mb=%d is kept by rlimits: "
+                        "%s plus %d MiB of tmpfs", self.limits.memory_mb, self.memory_mode,
+                        self.workdir_mb + 2 * self.limits.file_mb)
         self._root = tempfile.mkdtemp(prefix="turnrl-sandbox-")
-        os.chmod(self._root, 0o711)
-        self._sessions: dict[str, str] = {}
+        os.chmod(self._root, 0o700)
+        self._sessions: dict[str, Path] = {}
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._cgroups)
+
+    def _find_cgroups(self) -> MemoryCgroups | None:
+        """A usable parent memory cgroup: found, and a sandbox really starts inside a child of it."""
+        groups = MemoryCgroups.find()
+        if groups is None:
+            return None
+        probe = groups.create(64 << 20)
+        try:
+            _try_start(self._tools, self._identity, probe)
+        except SandboxUnavailable as e:
+            log.warning("sandbox: a sandbox cannot start inside %s (%s); bounding memory by rlimits",
+                        groups.describe(), e)
+            groups.close()
+            return None
+        finally:
+            probe.remove()
+        return groups
+
+    def _rlimit_budget(self) -> tuple[int, int]:
+        """Without a cgroup: (processes, MiB each) that fit ``memory_mb`` beside the tmpfs mounts."""
+        limits = self.limits
+        if self._cgroups is not None:
+            return limits.max_procs, limits.memory_mb
+        budget = limits.memory_mb - self.workdir_mb - 2 * limits.file_mb
+        if budget < MIN_PROCESS_MB:
+            raise ValueError(
+                f"without a memory cgroup, memory_mb={limits.memory_mb} must hold the tmpfs mounts "
+                f"(workdir_mb={self.workdir_mb} + 2 x file_mb={limits.file_mb}) and at least one process "
+                f"of {MIN_PROCESS_MB} MiB: raise memory_mb to {self.workdir_mb + 2 * limits.file_mb + MIN_PROCESS_MB} "
+                "or more, lower workdir_mb/file_mb, or run where a memory cgroup is writable")
+        procs = max(1, min(limits.max_procs, budget // MIN_PROCESS_MB))
+        return procs, budget // procs
 
     # ---------------------------------------------------------------- sessions
-    def workdir(self, session: str) -> str:
-        """The host path of ``session``'s working dir (created on first use)."""
+    def session_file(self, session: str) -> Path:
+        """The host file holding ``session``'s packed working dir (it may not exist yet)."""
         with self._lock:
             if not self._finalizer.alive:
                 raise RuntimeError("this SandboxExecutor is closed; get a new one with get_executor('sandbox')")
             path = self._sessions.get(session)
             if path is None:
-                path = tempfile.mkdtemp(prefix="session-", dir=self._root)
-                if self._identity.uid is not None:
-                    os.chown(path, self._identity.uid, self._identity.gid)
-                os.chmod(path, 0o700)
-                self._sessions[session] = path
+                fd, name = tempfile.mkstemp(prefix="session-", suffix=".state", dir=self._root)
+                os.close(fd)
+                path = self._sessions[session] = Path(name)
             return path
 
     def close_session(self, session: str) -> None:
         with self._lock:
             path = self._sessions.pop(session, None)
         if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
+            path.unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._lock:
@@ -232,14 +447,29 @@ class SandboxExecutor(Executor):
         return ToolResult(call, result.message(), "limit" if result.limit else None)
 
     async def run(self, program: Program, session: str) -> RunResult:
-        """Run ``program`` in ``session``'s working dir under ``self.limits`` (no semaphore)."""
-        limits, workdir = self.limits, self.workdir(session)
-        payload = self._payload(program)
-        cmd = bwrap_command(self.bwrap, workdir=workdir, tmp_bytes=limits.file_mb << 20)
+        """Run ``program`` with ``session``'s files under ``self.limits`` (no semaphore)."""
+        limits, state_file = self.limits, self.session_file(session)
+        state = state_file.read_bytes()
+        state_read, state_write = os.pipe()
+        seccomp_fd = _seccomp_pipe()
+        cgroup = self._cgroups.create(limits.memory_mb << 20) if self._cgroups is not None else None
+        cmd = _prefix(self._tools, self._identity, cgroup) + bwrap_command(
+            self.bwrap, tmp_bytes=limits.file_mb << 20, workdir_bytes=self.workdir_mb << 20,
+            seccomp_fd=seccomp_fd, disable_userns=self._tools.disable_userns)
         start = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, **self._identity.popen_kwargs())
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=HOST_ENV,
+                cwd="/", start_new_session=True, pass_fds=tuple(fd for fd in (seccomp_fd, state_write) if fd is not None))
+        except BaseException:
+            os.close(state_read)
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        finally:
+            os.close(state_write)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         output = _Output(limits.output_bytes)
         killed: list[LimitHit] = []
 
@@ -252,7 +482,8 @@ class SandboxExecutor(Executor):
                 pass
 
         output.on_overflow = lambda: kill("output")
-        feeder = asyncio.create_task(_feed(proc.stdin, payload))
+        feeder = asyncio.create_task(_feed(proc.stdin, self._payload(program, state, state_write) + program.stdin.encode()))
+        new_state = asyncio.create_task(_read_all(state_read, (self.workdir_mb << 20) + STATE_OVERHEAD))
         readers = [asyncio.create_task(output.pump(proc.stdout, 0)), asyncio.create_task(output.pump(proc.stderr, 1))]
         try:
             await asyncio.wait_for(asyncio.gather(proc.wait(), *readers), limits.wall_s)
@@ -262,33 +493,58 @@ class SandboxExecutor(Executor):
             if proc.returncode is None:
                 kill(None)
             feeder.cancel()
-            await asyncio.wait(readers, timeout=KILL_GRACE_S)
-            for reader in readers:
-                reader.cancel()
+            await asyncio.wait([*readers, new_state], timeout=KILL_GRACE_S)
+            for task in (*readers, new_state):
+                task.cancel()
             try:
                 await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
             except asyncio.TimeoutError:
                 pass
+            oom = cgroup is not None and cgroup.oom_kills() > 0
+            if cgroup is not None:
+                cgroup.remove()
         duration = time.monotonic() - start
+        packed = new_state.result() if new_state.done() and not new_state.cancelled() else None
+        if packed is not None and not killed and proc.returncode is not None:
+            _save(state_file, packed)
         returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-        return _judge(output, returncode, killed[0] if killed else None, duration, limits)
+        return verdict(output, returncode, killed[0] if killed else None, duration, self._effective,
+                       sigkill="memory" if oom else "cpu")
 
-    def _payload(self, program: Program) -> bytes:
+    def _payload(self, program: Program, state: bytes, state_fd: int) -> bytes:
+        """The launcher's input: a length-prefixed JSON spec, then the session's packed files."""
         limits = self.limits
         cpu = max(1, math.ceil(limits.cpu_s))
+        memory = self._rlimit_mb << 20
         spec = {
             "files": dict(program.files),
             "argv": list(program.argv),
+            "state_fd": state_fd,
+            "state_bytes": len(state),
             "limits": [
                 ("RLIMIT_CPU", cpu, cpu + 1),
-                ("RLIMIT_AS", limits.memory_mb << 20, limits.memory_mb << 20),
-                ("RLIMIT_NPROC", limits.max_procs, limits.max_procs),
+                ("RLIMIT_AS", memory, memory),
+                ("RLIMIT_NPROC", self._rlimit_procs, self._rlimit_procs),
                 ("RLIMIT_FSIZE", limits.file_mb << 20, limits.file_mb << 20),
                 ("RLIMIT_CORE", 0, 0),
             ],
         }
         header = json.dumps(spec).encode()
-        return str(len(header)).zfill(HEADER_DIGITS).encode() + header + program.stdin.encode()
+        return str(len(header)).zfill(HEADER_DIGITS).encode() + header + state
+
+
+def _cleanup(root: str, cgroups: MemoryCgroups | None) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    if cgroups is not None:
+        cgroups.close()
+
+
+def _save(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (a session file may be read concurrently)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".new")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 class _Output(OutputCap):
@@ -309,17 +565,29 @@ class _Output(OutputCap):
                 self.on_overflow()  # kills the sandbox; keep draining to EOF so the pipes close
 
 
+async def _read_all(fd: int, cap: int) -> bytes | None:
+    """Everything written to the pipe ``fd`` (closed after), or None past ``cap`` bytes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_CHUNK)
+    pipe = os.fdopen(fd, "rb", buffering=0)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    data, too_big = bytearray(), False
+    try:
+        while chunk := await reader.read(READ_CHUNK):
+            if len(data) + len(chunk) > cap:
+                too_big = True
+            elif not too_big:
+                data += chunk
+    finally:
+        transport.close()
+    return None if too_big else bytes(data)
+
+
 async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
-    """Write the launcher header and the program's stdin, then close (a dead reader is fine)."""
+    """Write the launcher's input and the program's stdin, then close (a dead reader is fine)."""
     try:
         stdin.write(payload)
         await stdin.drain()
         stdin.close()
     except (BrokenPipeError, ConnectionResetError):
         pass
-
-
-def _judge(output: _Output, returncode: int, killed: LimitHit | None, duration: float, limits: Limits) -> RunResult:
-    """Decide the exit code and which limit (if any) stopped the run (``verdict.verdict``; an
-    unsent SIGKILL is the hard RLIMIT_CPU)."""
-    return verdict(output, returncode, killed, duration, limits, sigkill="cpu")

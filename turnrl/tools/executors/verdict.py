@@ -12,6 +12,7 @@ MEMORY_SIGNS = re.compile(r"MemoryError|Cannot allocate memory|cannot allocate m
 PROCS_SIGNS = re.compile(r"fork: .*Resource temporarily unavailable|BlockingIOError: \[Errno 11\]|"
                          r"can't start new thread|Resource temporarily unavailable")
 FILE_SIGNS = re.compile(r"File too large|\[Errno 27\]|File size limit exceeded")
+DISK_SIGNS = re.compile(r"No space left on device|\[Errno 28\]")
 SIGNAL_EXITS = {int(s): s.name for s in (signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV,
                                          signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTERM)}
 
@@ -65,7 +66,7 @@ def verdict(output: OutputCap, status: int | None, killed: LimitHit | None, dura
     A run the executor stopped whose error text shows failed forks is reported as ``procs``
     (a fork bomb floods the output or outlives the clock: the cause is what the model must
     hear). Otherwise SIGXCPU means cpu, SIGXFSZ file, and the error text tells memory
-    (MemoryError), procs (EAGAIN on fork) and file (EFBIG).
+    (MemoryError), procs (EAGAIN on fork), file (EFBIG) and disk (ENOSPC).
     """
     stdout, stderr = output.text(0), output.text(1)
     signal_name = signal_of(status)
@@ -85,6 +86,8 @@ def verdict(output: OutputCap, status: int | None, killed: LimitHit | None, dura
             limit = "procs"
         elif FILE_SIGNS.search(stderr):
             limit = "file"
+        elif DISK_SIGNS.search(stderr):
+            limit = "disk"
     code = None if (killed is not None or signal_name is not None) else status
     if limit is not None:
         explanation = limits.explain(limit)
