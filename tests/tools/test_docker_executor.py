@@ -1,17 +1,21 @@
-"""The docker executor.
+"""The docker executor and its locally built default image.
 
-Without an engine (this machine) the parts that need none run for real: the Limits ->
-container options mapping (checked by the docker SDK's own argument conversion), the
-in-container launcher (run here with the host's python3: files, stdin, argv, rlimits), the
-output cap and the limit judge, the pool / TTL bookkeeping, and the construction error. The
-attack suite (the sandbox suite's attacks) runs where an engine answers and is skipped here
-with the reason.
+The parts that need no engine run everywhere: the Limits -> container options mapping
+(checked by the docker SDK's own argument conversion), the in-container launcher (run here
+with the host's python3: files, stdin, argv, rlimits), the output cap and the limit judge, the
+pool / TTL bookkeeping, and the errors when no engine answers. The rest runs against a real
+engine with the default image (``scripts/docker_engine.sh`` starts one and builds it; CI runs
+it): the sandbox suite's attacks, the container's privileges and cgroup caps as the kernel
+sees them, sessions, the reaper and ``python -m turnrl build-docker-image``. Without an engine
+those tests skip saying how to start one, and fail under ``CI=true`` (``missing_tool``).
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,11 +25,13 @@ from docker.models.containers import _create_container_args
 
 import turnrl
 from turnrl.tools import ToolCall, run_python, run_shell, run_sync
+from tests.helpers import missing_tool
 from turnrl.tools.executors import EXECUTORS, Limits, Program, get_executor
 from turnrl.tools.executors.docker import (
     ARG_CHUNK_CHARS,
     EXECUTOR_LABEL,
     EXPIRES_LABEL,
+    DEFAULT_IMAGE,
     MAX_SPEC_CHARS,
     OWNER_LABEL,
     RESERVED_PROCS,
@@ -36,11 +42,14 @@ from turnrl.tools.executors.docker import (
     DockerExecutor,
     DockerUnavailable,
     OutputCap,
+    connect,
     container_options,
+    docker_address,
     expired_containers,
     judge,
     launcher_argv,
 )
+from turnrl.tools.executors.docker_image import ImageBuildError, cache_dir, rootfs_tarball
 
 LIMITS = Limits(cpu_s=1, wall_s=3, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
@@ -64,6 +73,8 @@ def test_limits_map_to_container_options_the_sdk_accepts():
     assert opts["command"] == ["sleep", "1800"] and opts["auto_remove"] and opts["init"]
     assert opts["labels"] == {EXECUTOR_LABEL: "docker", EXPIRES_LABEL: "2800", OWNER_LABEL: "me", UID_LABEL: "234567"}
     assert set(opts["tmpfs"]) == {"/work", "/tmp"} and "size=128m" in opts["tmpfs"]["/work"]
+    for path in ("/work", "/tmp"):  # owned by the session's uid through the mount, whatever mode the engine keeps
+        assert "uid=234567,gid=234567,mode=0700" in opts["tmpfs"][path]
     # the docker SDK's own conversion of ``containers.run`` kwargs: unknown or bad ones raise
     created = _create_container_args({**opts, "version": "1.44"})
     host = created["host_config"]
@@ -211,37 +222,62 @@ def test_no_engine_is_a_clear_construction_error():
         DockerExecutor(ttl_s=1, base_url=address)  # options are checked before the engine is asked
 
 
+def test_no_engine_at_docker_host_is_a_clear_error(tmp_path, monkeypatch):
+    dead = tmp_path / "docker.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))  # a socket file nobody listens on
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
+    with pytest.raises(DockerUnavailable, match=re.escape(f"no docker engine answers at unix://{dead}")):
+        DockerExecutor(LIMITS)
+    monkeypatch.delenv("DOCKER_HOST")
+    assert docker_address() == "unix:///var/run/docker.sock"  # what the SDK tries without DOCKER_HOST
+    assert docker_address("tcp://10.0.0.1:2375") == "tcp://10.0.0.1:2375"
+
+
+def turnrl_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "turnrl", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def test_build_docker_image_without_an_engine_fails_naming_the_address(tmp_path):
+    dead = tmp_path / "docker.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))
+    result = turnrl_cli("build-docker-image", env={"DOCKER_HOST": f"unix://{dead}"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"turnrl build-docker-image: error: no docker engine answers at unix://{dead}" in result.stderr
+    assert "scripts/docker_engine.sh" in result.stderr and "debootstrap" not in result.stdout  # no build began
+
+
+def test_building_the_root_filesystem_without_debootstrap_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap on it
+    with pytest.raises(ImageBuildError, match="debootstrap is not installed: run 'apt-get install debootstrap'"):
+        rootfs_tarball(cache=tmp_path / "cache", log=lambda line: None)
+    assert not (tmp_path / "cache").exists()  # refused before anything was written
+
+
 # --------------------------------------------------------------- a real engine
 
-
-def engine_problem() -> str | None:
-    try:
-        import docker
-
-        docker.from_env().ping()
-        return None
-    except Exception as e:
-        return f"no docker engine answers (docker.from_env().ping() failed: {e})"
-
-
-ENGINE_PROBLEM = engine_problem()
-needs_engine = pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=str(ENGINE_PROBLEM))
-
-
-def test_default_address_error_names_the_socket():
-    if ENGINE_PROBLEM is None:
-        pytest.skip("a docker engine answers here, so the default address works")
-    if os.environ.get("DOCKER_HOST"):
-        pytest.skip("DOCKER_HOST is set: the default socket is not what the SDK tries")
-    with pytest.raises(DockerUnavailable, match="no docker engine answers at unix:///var/run/docker.sock"):
-        DockerExecutor(LIMITS)
+ENGINE_INSTALL = f"as root, scripts/docker_engine.sh starts an engine and builds {DEFAULT_IMAGE}"
 
 
 @pytest.fixture(scope="module")
-def dock():
-    if ENGINE_PROBLEM is not None:
-        pytest.skip(ENGINE_PROBLEM)
-    ex = DockerExecutor(LIMITS, pool_size=1, ttl_s=600, timeout_s=60)
+def engine():
+    """A docker client of the engine at $DOCKER_HOST or the default socket."""
+    try:
+        client = connect()
+    except DockerUnavailable as e:
+        missing_tool(str(e), ENGINE_INSTALL)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def dock(engine):
+    try:
+        ex = DockerExecutor(LIMITS, pool_size=1, ttl_s=600, timeout_s=60)
+    except DockerUnavailable as e:  # the engine answers but lacks the default image
+        missing_tool(str(e), ENGINE_INSTALL)
     yield ex
     ex.close()
 
@@ -264,21 +300,18 @@ def still_works(ex):
     assert (r.error, r.content) == (None, "Exit code: 0\nstdout:\n42")
 
 
-@needs_engine
 def test_docker_infinite_loop_hits_cpu_limit(dock):
     r = run(dock, "while True: pass")
     assert r.error == "limit" and "CPU time (limit cpu_s=1)" in r.content
     still_works(dock)
 
 
-@needs_engine
 def test_docker_sleeping_forever_hits_wall_limit(dock):
     r = run(dock, "import time\nwhile True: time.sleep(0.1)")
     assert r.error == "limit" and "ran longer than 3 s (limit wall_s=3)" in r.content
     still_works(dock)
 
 
-@needs_engine
 def test_docker_fork_bombs_hit_procs_limit(dock):
     r = run(dock, "import os\nwhile True: os.fork()")
     assert r.error == "limit" and "limit max_procs=32" in r.content
@@ -287,14 +320,12 @@ def test_docker_fork_bombs_hit_procs_limit(dock):
     still_works(dock)
 
 
-@needs_engine
 def test_docker_memory_bomb_hits_memory_limit(dock):
     r = run(dock, "chunks = []\nwhile True: chunks.append(bytearray(10 ** 7))")
     assert r.error == "limit" and "out of memory (limit memory_mb=256)" in r.content
     still_works(dock)
 
 
-@needs_engine
 def test_docker_huge_output_is_cut_and_reported(dock):
     r = run(dock, "while True: print('spam' * 100)")
     assert r.error == "limit" and "output is truncated (limit output_bytes=4096)" in r.content
@@ -302,14 +333,12 @@ def test_docker_huge_output_is_cut_and_reported(dock):
     still_works(dock)
 
 
-@needs_engine
 def test_docker_huge_file_hits_file_limit(dock):
     r = run(dock, "with open('big.bin', 'wb') as f:\n    f.write(b'x' * (8 << 20))")
     assert r.error == "limit" and "limit file_mb=4" in r.content
     still_works(dock)
 
 
-@needs_engine
 @pytest.mark.parametrize("target", ["/usr/evil.txt", "/etc/evil.txt", "/evil.txt"])
 def test_docker_writing_outside_the_working_dir_fails(dock, target):
     r = run(dock, f"open({target!r}, 'w').write('pwned')\nprint('wrote')")
@@ -318,7 +347,6 @@ def test_docker_writing_outside_the_working_dir_fails(dock, target):
     still_works(dock)
 
 
-@needs_engine
 def test_docker_host_files_are_not_visible(dock):
     code = (f"import os\nprint(os.path.exists({PROJECT_FILE!r}))\n"
             "try:\n    print(open('/etc/shadow').read()[:50])\nexcept OSError as e:\n    print('denied', e.errno)")
@@ -327,7 +355,6 @@ def test_docker_host_files_are_not_visible(dock):
     still_works(dock)
 
 
-@needs_engine
 def test_docker_has_no_network(dock):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -349,7 +376,6 @@ def test_docker_has_no_network(dock):
     assert "blocked 1.1.1.1" in r.content and "blocked 127.0.0.1" in r.content and "connected" not in r.content
 
 
-@needs_engine
 def test_docker_sessions_keep_files_apart_and_close_removes_the_container(dock):
     import docker
 
@@ -374,7 +400,6 @@ def test_docker_sessions_keep_files_apart_and_close_removes_the_container(dock):
     dock.close_session(b)
 
 
-@needs_engine
 def test_docker_reaper_removes_expired_containers(dock):
     import docker
 
@@ -383,3 +408,122 @@ def test_docker_reaper_removes_expired_containers(dock):
     assert container.id in dock.reap()
     with pytest.raises(docker.errors.NotFound):
         dock.client.containers.get(container.id)
+
+
+def test_docker_work_and_tmp_belong_to_the_session_uid(dock):
+    code = ("import os, tempfile\nopen('note.txt', 'w').write('x')\n"
+            "with tempfile.NamedTemporaryFile(dir='/tmp') as f:\n    f.write(b'x')\n"
+            "print([os.stat(d).st_uid == os.getuid() != 0 for d in ('/work', '/tmp')], "
+            "os.stat('/work').st_mode & 0o002, os.getcwd())")
+    r = run(dock, code)
+    assert (r.error, r.content) == (None, "Exit code: 0\nstdout:\n[True, True] 0 /work")
+
+
+CONFINEMENT = """
+import os
+def read(*paths):  # cgroup v2 path first, then v1
+    for path in paths:
+        if os.path.exists(path):
+            return open(path).read().split()
+    return ["missing"]
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print("uid", os.getuid(), os.getgid())
+print(*(f"{key}={status[key].strip()}" for key in ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")))
+print("pids", read("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max")[0])
+print("memory", read("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")[0])
+quota = read("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")[0]
+period = read("/sys/fs/cgroup/cpu.max")[1:] or read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+print("cpus", int(quota) / int(period[0]))
+"""
+
+
+def test_docker_runs_unprivileged_under_the_kernels_caps(dock):
+    session = uuid.uuid4().hex
+    try:
+        r = run(dock, CONFINEMENT, session=session)
+        uid = dock.client.containers.get(dock.container_id(session)).labels[UID_LABEL]
+    finally:
+        dock.close_session(session)
+    cap_mb = LIMITS.memory_mb + dock.config.workdir_mb + (LIMITS.file_mb + 8) + 64
+    assert r.content == (
+        f"Exit code: 0\nstdout:\nuid {uid} {uid}\n"
+        "CapEff=0000000000000000 CapPrm=0000000000000000 CapBnd=0000000000000000 NoNewPrivs=1 Seccomp=2\n"
+        f"pids {LIMITS.max_procs + RESERVED_PROCS}\nmemory {cap_mb << 20}\ncpus {dock.config.cpus}"
+    )
+
+
+def test_docker_memory_cgroup_caps_all_processes_together(engine):
+    # 5 children of 64 MB each stay under RLIMIT_AS (128 MB) one by one but not under the
+    # container's cap together (128 + 16 + 12 + 64 = 220 MB): once every child holds its memory
+    # or died, some died (a wall limit far above the time that takes on a loaded machine)
+    limits = Limits(cpu_s=10, wall_s=120, memory_mb=128, output_bytes=4096, max_procs=32, file_mb=4)
+    code = """
+import os
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+children = []
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        block = b"x" * (64 << 20)
+        os.write(ready_w, b"+")
+        os.close(ready_w)
+        os.read(go_r, 1)  # hold the memory until the parent lets go
+        os._exit(0)
+    children.append(pid)
+os.close(ready_w)
+while os.read(ready_r, 1):  # EOF: every child holds its memory or died
+    pass
+os.close(go_w)
+statuses = [os.waitpid(pid, 0)[1] for pid in children]
+print("killed", sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9 for s in statuses))
+"""
+    ex = DockerExecutor(limits, pool_size=0, ttl_s=600, workdir_mb=16, timeout_s=180)
+    try:
+        r = run(ex, code)
+        assert r.error is None and r.content.startswith("Exit code: 0\nstdout:\nkilled "), r.content
+        assert int(r.content.rsplit(" ", 1)[1]) >= 1
+        still_works(ex)
+    finally:
+        ex.close()
+
+
+def test_a_missing_image_is_a_clear_error_that_says_how_to_build_one(engine, monkeypatch):
+    import turnrl.tools.executors.docker as docker_executor
+
+    with pytest.raises(DockerUnavailable, match="cannot be pulled") as err:  # no registry here; elsewhere no such image
+        DockerExecutor(LIMITS, image=f"turnrl-no-such-image:{uuid.uuid4().hex[:8]}")
+    assert "python -m turnrl build-docker-image" in str(err.value)
+    missing = f"turnrl-sandbox:missing-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(docker_executor, "DEFAULT_IMAGE", missing)  # the default is built, never pulled
+    with pytest.raises(DockerUnavailable) as err:
+        DockerExecutor(LIMITS, image=missing)
+    assert f"image {missing!r} (the docker executor's default) is not on this engine" in str(err.value)
+    assert "'python -m turnrl build-docker-image' (as root)" in str(err.value)
+
+
+def test_build_docker_image_keeps_the_image_the_engine_has(dock):
+    result = turnrl_cli("build-docker-image")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{DEFAULT_IMAGE} is already on the engine" in result.stdout and "debootstrap" not in result.stdout
+
+
+def test_build_docker_image_imports_the_cached_root_filesystem_as_a_working_image(engine):
+    if not any(cache_dir().glob("rootfs-*.tar")):
+        missing_tool(f"no Debian root filesystem is cached in {cache_dir()}", ENGINE_INSTALL)
+    image = f"turnrl-sandbox:test-{uuid.uuid4().hex[:8]}"
+    try:
+        result = turnrl_cli("build-docker-image", "--image", image)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "using the cached root filesystem" in result.stdout and f"built {image}" in result.stdout
+        config = engine.images.get(image).attrs["Config"]
+        assert "LANG=C.UTF-8" in config["Env"] and config["Labels"]["turnrl.recipe"].startswith("rootfs-bookworm-")
+        ex = DockerExecutor(LIMITS, image=image, pool_size=0, ttl_s=600, timeout_s=60)
+        try:
+            r = run(ex, "import sys\nprint(sys.version_info[:2])")
+            assert (r.error, r.content) == (None, "Exit code: 0\nstdout:\n(3, 11)")
+        finally:
+            ex.close()
+    finally:
+        engine.images.remove(image, force=True)

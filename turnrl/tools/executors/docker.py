@@ -1,11 +1,15 @@
 """The docker executor: code tools run in a container per session, under limits.
 
-Each session (episode) gets its own container from ``image`` (default ``python:3.11-slim``;
-the image needs ``python3`` on its PATH, for the launcher). Containers are started ahead of
-need and kept warm in a pool of ``pool_size``; a session takes one on its first call, keeps it
-(files persist across the session's calls) and ``close_session`` removes it, so nothing
-leaks from one episode to the next. A container has no network (``network_mode="none"``), a
-read-only root filesystem with a tmpfs working dir ``/work`` (and ``/tmp``), no
+Each session (episode) gets its own container from ``image``: by default
+``turnrl-sandbox:bookworm``, built from Debian packages by ``python -m turnrl build-docker-image``
+(no image registry needed); any image with ``python3`` on its PATH works, e.g.
+``python:3.11-slim`` where the engine can pull it. Containers are started ahead of need and
+kept warm in a pool of ``pool_size``; a session takes one on its first call, keeps it (files
+persist across the session's calls) and ``close_session`` removes it, so nothing leaks from one
+episode to the next. A container has no network (``network_mode="none"``), a read-only root
+filesystem with a tmpfs working dir ``/work`` and ``/tmp``, both owned by the session's uid
+(the tmpfs ``uid=``/``gid=`` options: a tmpfs ``mode=`` is not enough, as the runc of docker
+20.10 replaces it with the mode of the directory docker creates for ``working_dir``), no
 capabilities, ``no-new-privileges``, a memory cgroup cap, a pids cap, ``cpus`` CPUs and
 ulimits for CPU time, file size and core dumps. Its main process is ``sleep ttl_s`` under
 docker's init, with ``auto_remove``: a container ends and disappears after its TTL even if
@@ -45,17 +49,20 @@ from typing import Any
 
 from turnrl.tools.execute import ToolResult
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
+from turnrl.tools.executors.docker_image import BUILD_HINT, DEFAULT_IMAGE
 from turnrl.tools.executors.verdict import OutputCap, verdict
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 
 __all__ = [
+    "DEFAULT_IMAGE",
     "Box",
     "ContainerPool",
     "DockerConfig",
     "DockerExecutor",
     "DockerUnavailable",
     "OutputCap",
+    "connect",
     "container_options",
     "docker_address",
     "expired_containers",
@@ -63,7 +70,6 @@ __all__ = [
     "launcher_argv",
 ]
 
-DEFAULT_IMAGE = "python:3.11-slim"
 EXECUTOR_LABEL = "turnrl.executor"
 """Label on every container of this executor (value ``"docker"``): what the reaper lists."""
 EXPIRES_LABEL = "turnrl.expires-at"
@@ -131,7 +137,8 @@ class DockerConfig:
     """How the executor's containers are made.
 
     Attributes:
-        image: Image of every container (needs ``python3`` on its PATH).
+        image: Image of every container (needs ``python3`` on its PATH). The default is built
+            locally by ``python -m turnrl build-docker-image``.
         pool_size: Warm containers kept ready for new sessions (0: start one per session on demand).
         ttl_s: Seconds a container lives at most (its ``sleep``; also the expiry label). Keep it
             longer than an episode: a session whose container expired loses its files.
@@ -173,7 +180,7 @@ def container_options(limits: Limits, config: DockerConfig, *, owner: str, uid: 
         limits: The per-run limits (ulimits and cgroup caps are derived from them).
         config: Image, TTL, CPUs and tmpfs size.
         owner: Value of the owner label (the executor instance).
-        uid: The uid the container's runs use (its label).
+        uid: The uid the container's runs use (its label, and the owner of ``/work`` and ``/tmp``).
         now: Unix time of creation (the expiry label is ``now + ttl_s``).
     """
     from docker.types import Ulimit
@@ -195,8 +202,8 @@ def container_options(limits: Limits, config: DockerConfig, *, owner: str, uid: 
         "nano_cpus": int(config.cpus * 1e9),
         "read_only": True,
         "tmpfs": {
-            WORKDIR: f"rw,exec,nosuid,nodev,size={config.workdir_mb}m,mode=1777",
-            "/tmp": f"rw,nosuid,nodev,size={tmp_mb}m,mode=1777",
+            WORKDIR: f"rw,exec,nosuid,nodev,size={config.workdir_mb}m,uid={uid},gid={uid},mode=0700",
+            "/tmp": f"rw,nosuid,nodev,size={tmp_mb}m,uid={uid},gid={uid},mode=0700",
         },
         "ulimits": [
             Ulimit(name="cpu", soft=cpu, hard=cpu + 1),
@@ -361,7 +368,8 @@ class DockerExecutor(Executor):
 
     Args:
         limits: Per-run limits (a ``Limits`` or a mapping of its fields).
-        image: Image of the containers (needs ``python3``); pulled at construction if missing.
+        image: Image of the containers (needs ``python3``); pulled at construction if missing,
+            except the default, which is built locally (``python -m turnrl build-docker-image``).
         pool_size: Warm containers kept ready for new sessions.
         ttl_s: Seconds a container lives at most (keep it longer than an episode).
         cpus: CPUs per container.
@@ -373,7 +381,8 @@ class DockerExecutor(Executor):
 
     Raises:
         DockerUnavailable: If no engine answers at the address (the message names it and says
-            to start one or use executor ``"sandbox"``), or the image cannot be pulled.
+            to start one or use executor ``"sandbox"``), or the image is missing and cannot be
+            pulled (the message says how to build the default one).
         ValueError: If an option is out of range.
     """
 
@@ -395,7 +404,7 @@ class DockerExecutor(Executor):
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self.limits = Limits.coerce(limits)
         self.config = DockerConfig(image=image, pool_size=pool_size, ttl_s=ttl_s, cpus=cpus, workdir_mb=workdir_mb)
-        self.client = _connect(base_url, pool=2 * max_concurrency + 8)
+        self.client = connect(base_url, pool=2 * max_concurrency + 8)
         _ensure_image(self.client, image)
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._pool = ContainerPool(pool_size, self.config.min_life_s)
@@ -659,8 +668,9 @@ def _docker_errors() -> tuple[type[BaseException], ...]:
     return (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
 
-def _connect(base_url: str | None, *, pool: int) -> Any:
-    """A ``docker.DockerClient`` whose engine answered ``ping``.
+def connect(base_url: str | None = None, *, pool: int = 10) -> Any:
+    """A ``docker.DockerClient`` (``pool`` connections) to the engine at ``docker_address(base_url)``,
+    which answered ``ping``.
 
     Raises:
         DockerUnavailable: Naming the address and saying what to do.
@@ -677,12 +687,19 @@ def _connect(base_url: str | None, *, pool: int) -> Any:
     except Exception as e:
         raise DockerUnavailable(
             f"no docker engine answers at {where} (docker.from_env().ping() failed: {type(e).__name__}: {e}); "
-            "start one or use executor 'sandbox'"
+            "start one (as root: 'dockerd &', or scripts/docker_engine.sh of a turnrl checkout, which also "
+            "installs it) or use executor 'sandbox'"
         ) from None
     return client
 
 
 def _ensure_image(client: Any, image: str) -> None:
+    """Make sure the engine has ``image``: pull it if missing, except ``DEFAULT_IMAGE``, which
+    no registry holds (it is built locally).
+
+    Raises:
+        DockerUnavailable: Saying how to build the default image, or that ``image`` cannot be pulled.
+    """
     import docker.errors
 
     try:
@@ -692,10 +709,14 @@ def _ensure_image(client: Any, image: str) -> None:
         pass
     except _docker_errors() as e:
         raise DockerUnavailable(f"cannot inspect image {image!r}: {e}") from None
+    build = f"build the default image {DEFAULT_IMAGE!r} from Debian packages with '{BUILD_HINT}' (as root)"
+    if image == DEFAULT_IMAGE:
+        raise DockerUnavailable(f"image {image!r} (the docker executor's default) is not on this engine: {build}, "
+                                "or pass image= an image with python3 the engine can pull (e.g. 'python:3.11-slim')")
     try:
         client.images.pull(image)
     except _docker_errors() as e:
         raise DockerUnavailable(
-            f"image {image!r} is not on this engine and cannot be pulled ({e}); "
-            f"run 'docker pull {image}' where the engine can reach a registry, or pass another image"
+            f"image {image!r} is not on this engine and cannot be pulled ({e}); run 'docker pull {image}' "
+            f"where the engine can reach a registry, or {build} and use it (the default image)"
         ) from None
