@@ -1,7 +1,9 @@
 """``PolicyServer``: the OpenAI-compatible endpoints of a real ``turnrl serve-policy`` subprocess
-(response format, batching, validation), and an in-process server's seeding and API key."""
+(response format, batching, validation), and an in-process server's seeding and API key;
+servers with a key bind every interface (0.0.0.0, not loopback) and are reached over 127.0.0.1."""
 
 import copy
+import os
 import re
 import signal
 import subprocess
@@ -17,7 +19,10 @@ from turnrl.agents.policy_server import PolicyServer, spawn_policy_server
 from turnrl.envs import GuessNumberEnv
 from turnrl.warmstart import warm_start
 
+from tests.helpers import free_port, start_server, stop_server
+
 NAME = "tiny"
+TOKEN = "policy-tok-1b6d93e0f2"
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +243,65 @@ def test_weight_pushes_reload_the_served_model_and_bad_folders_change_nothing(se
         assert refused.status_code == 400 and "reload_weights" in refused.json()["error"]["message"]
         assert post(srv, "/collective_rpc", {"method": "reload_weights"}).status_code == 401  # no key
         assert post(srv, "/reset_prefix_cache", {}, headers={"Authorization": "Bearer k2"}).json() == {"success": True}
+
+
+def test_a_keyed_server_guards_every_endpoint_but_health(served_model, tokenizer, prompt, monkeypatch):
+    """In process, on every interface (not loopback), reached over 127.0.0.1."""
+    from turnrl.agents.http_policy import OpenAIPolicy, PolicyRequestError
+
+    with pytest.raises(ValueError, match=r"refusing to serve on '0\.0\.0\.0' without a token.*api_key="):
+        PolicyServer(served_model, tokenizer, host="0.0.0.0")
+    with PolicyServer(served_model, tokenizer, host="0.0.0.0", model_name=NAME, batch_window_s=0,
+                      api_key=TOKEN) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        assert httpx.get(url + "/health").json() == {"status": "ok"}  # open: a liveness probe
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            for method, path in (("GET", "/v1/models"), ("GET", "/stats"), ("POST", "/v1/completions"),
+                                 ("POST", "/v1/chat/completions"), ("POST", "/collective_rpc"),
+                                 ("POST", "/reset_prefix_cache"), ("GET", "/nowhere")):
+                reply = httpx.request(method, url + path, headers=headers, json={"prompt": prompt})
+                assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", (method, path)
+                error = reply.json()["error"]
+                assert error["type"] == "authentication_error" and error["code"] == 401
+        assert srv.stats()["requests"] == 0  # nothing was sampled for the refused requests
+        monkeypatch.setenv("TURNRL_TEST_POLICY_TOKEN", TOKEN)
+        client = OpenAIPolicy(url, NAME, tokenizer=tokenizer, api_key_env="TURNRL_TEST_POLICY_TOKEN")
+        params = SamplingParams(4, greedy=True)
+        assert client.generate([prompt], params)[0] == greedy(served_model, tokenizer, [prompt], 4)[0]
+        monkeypatch.setenv("TURNRL_TEST_POLICY_TOKEN", "wrong")
+        stranger = OpenAIPolicy(url, NAME, tokenizer=tokenizer, api_key_env="TURNRL_TEST_POLICY_TOKEN", retries=0)
+        with pytest.raises(PolicyRequestError, match="HTTP 401.*TURNRL_TEST_POLICY_TOKEN"):
+            stranger.generate([prompt], params)
+
+
+def test_serve_policy_cli_needs_a_key_off_loopback_and_never_prints_it(checkpoint, tokenizer, prompt, tmp_path,
+                                                                       monkeypatch):
+    """``--api-key-env`` (the older name of ``--token-env``) still names the key's variable."""
+    from turnrl.agents.http_policy import OpenAIPolicy
+
+    env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
+    command = [sys.executable, "-m", "turnrl", "serve-policy", "--path", str(checkpoint), "--host", "0.0.0.0",
+               "--threads", "1", "--served-model-name", NAME]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "refusing to serve on '0.0.0.0' without a token" in refused.stderr
+    assert "export TURNRL_SERVER_TOKEN=" in refused.stderr
+    unset = subprocess.run([*command, "--api-key-env", "TURNRL_TEST_UNSET_KEY"], capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert unset.returncode == 2 and "TURNRL_TEST_UNSET_KEY (named by --token-env) is unset" in unset.stderr
+    port, log = free_port(), tmp_path / "serve-policy.log"
+    proc = start_server([*command, "--port", str(port), "--api-key-env", "TURNRL_TEST_SERVE_KEY"],
+                        f"http://127.0.0.1:{port}/health", log, env={"TURNRL_TEST_SERVE_KEY": TOKEN})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/v1/models").status_code == 401
+        monkeypatch.setenv("TURNRL_TEST_CLIENT_KEY", TOKEN)
+        client = OpenAIPolicy(url, NAME, tokenizer=tokenizer, api_key_env="TURNRL_TEST_CLIENT_KEY")
+        assert len(client.generate([prompt], SamplingParams(3, greedy=True))[0].token_ids) >= 1
+    finally:
+        stop_server(proc)
+    output = log.read_text()
+    assert f"serving policy at http://0.0.0.0:{port}" in output and TOKEN not in output
 
 
 def test_serve_policy_exits_0_on_sigterm_and_2_on_a_bad_path(server, tmp_path):

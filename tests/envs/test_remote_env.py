@@ -1,7 +1,8 @@
 """Remote envs: ``EnvServer`` over real HTTP and ``RemoteEnv`` making it look local.
 
 Servers run in this process (real sockets and threads) or as ``turnrl serve-env``
-subprocesses; nothing is mocked. The collector tests drive the envs with a scripted
+subprocesses; nothing is mocked. Token-guarded servers bind every interface (0.0.0.0, not
+loopback) and are reached over 127.0.0.1. The collector tests drive the envs with a scripted
 bisection policy: a real policy (it reads the conversation and writes token ids of its
 guess), not a stand-in for the part under test.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -27,14 +29,16 @@ from turnrl.agents.scripted import corpus_texts
 from turnrl.build import env_factory
 from turnrl.conf.schema import Config
 from turnrl.envs import GuessNumberEnv, check
-from turnrl.envs.remote import RemoteEnv, RemoteEnvError, from_json
+from turnrl.envs.remote import RemoteEnv, RemoteEnvError, RemoteEnvTokenError, from_json
 from turnrl.envs.server import MAX_BODY_BYTES, REQUEST_SCHEMAS, EnvServer, to_json
+from turnrl.http_json import TokenRefusedError
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.rollout.metrics import rollout_metrics
 
 GUESS, CALC = "turnrl/GuessNumber-v0", "turnrl/CalcMath-v0"
 GUESS_KWARGS = {"n": 32, "n_min": 16}
 PARAMS = SamplingParams(max_new_tokens=6)
+TOKEN = "env-tok-8c1f0e5a9b"
 
 
 class NonJsonInfoEnv(GuessNumberEnv):
@@ -357,17 +361,18 @@ class BisectPolicy:
         return generations
 
 
-def serve_subprocess(env_id, *kwargs):
-    """Start ``turnrl serve-env`` and return ``(process, url)`` once it prints its line."""
-    args = [sys.executable, "-m", "turnrl", "serve-env", env_id, *[f"--kwarg={k}" for k in kwargs]]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def serve_subprocess(env_id, *kwargs, args=(), env=None):
+    """Start ``turnrl serve-env`` (more ``args``, ``env`` added to the environment) and return
+    ``(process, url)`` once it prints its line; the URL reaches it over loopback."""
+    command = [sys.executable, "-m", "turnrl", "serve-env", env_id, *[f"--kwarg={k}" for k in kwargs], *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     line = proc.stdout.readline()
-    match = re.fullmatch(rf"serving {re.escape(env_id)} at (http://127\.0\.0\.1:\d+)\n", line)
+    match = re.fullmatch(rf"serving {re.escape(env_id)} at http://(127\.0\.0\.1|0\.0\.0\.0)(:\d+)\n", line)
     if match is None:
         proc.kill()
         raise AssertionError(f"serve-env printed {line!r}; stderr: {proc.stderr.read()}")
-    return proc, match.group(1)
+    return proc, f"http://127.0.0.1{match.group(2)}"
 
 
 @pytest.fixture
@@ -419,7 +424,7 @@ def test_env_factory_with_url_collects_the_local_trajectories(tokenizer, rendere
         cfg.env.url, cfg.env.id = url, GUESS
         remote_fn = env_factory(cfg)
         cfg_local = Config()
-        cfg_local.env.kwargs = dict(GUESS_KWARGS)
+        cfg_local.env.id, cfg_local.env.kwargs = GUESS, dict(GUESS_KWARGS)
         local_fn = env_factory(cfg_local)
         tasks = [Task(0), Task(1, "test"), Task(2)]
         got = RolloutCollector(remote_fn, BisectPolicy(tokenizer), renderer).collect(tasks, 2, PARAMS)
@@ -439,20 +444,130 @@ def test_env_factory_with_url_collects_the_local_trajectories(tokenizer, rendere
         proc.wait(timeout=10)
 
 
-def test_train_runs_through_env_remote(tmp_path):
-    proc, url = serve_subprocess(GUESS, "n=16")
+def test_train_runs_through_env_remote_with_a_token_no_file_keeps(tmp_path):
+    """A token-guarded server on every interface, trained against with ``env.token_env`` naming
+    the client's variable: the run works, and neither the server's output nor any file of the
+    run dir (the saved Hydra config included) holds the token."""
+    server_env = {"TURNRL_TEST_SERVE_TOKEN": TOKEN}
+    proc, url = serve_subprocess(GUESS, "n=16", args=["--host", "0.0.0.0", "--token-env", "TURNRL_TEST_SERVE_TOKEN"],
+                                 env=server_env)
+    client_env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
     try:
         run = subprocess.run(
             [sys.executable, "-m", "turnrl.train", "env=remote", f"env.url={url}", f"env.id={GUESS}",
+             "env.token_env=TURNRL_TEST_CLIENT_TOKEN",
              "trainer.steps=2", "trainer.tasks_per_step=2", "trainer.group_size=2", "trainer.eval_episodes=4",
              "trainer.eval_every=1", "trainer.threads=1", "trainer.progress=false", "trainer.tensorboard=false",
              "trainer.save_checkpoint=false", "agent.warmstart.steps=0", "agent.tokenizer.corpus_episodes=10",
              "agent.max_new_tokens=6", f"hydra.run.dir={tmp_path}"],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=120, env={**client_env, "TURNRL_TEST_CLIENT_TOKEN": TOKEN})
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
         assert (tmp_path / "metrics.jsonl").read_text().count('"kind": "train"') == 2
         summary = (tmp_path / "summary.txt").read_text()
         assert "held-out success: before " in summary
+        assert "token_env: TURNRL_TEST_CLIENT_TOKEN" in (tmp_path / ".hydra" / "config.yaml").read_text()
+        files = [f for f in tmp_path.rglob("*") if f.is_file()]
+        assert len(files) >= 4 and not [f for f in files if TOKEN.encode() in f.read_bytes()]
+        assert TOKEN not in run.stdout + run.stderr
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        out, err = proc.communicate(timeout=10)
+    assert TOKEN not in out + err
+
+
+# ------------------------------------------------------------------ tokens
+@pytest.fixture
+def token_server():
+    """A GuessNumber server on every interface (not loopback), guarded by ``TOKEN``."""
+    with EnvServer(GUESS, GUESS_KWARGS, host="0.0.0.0", token=TOKEN) as server:
+        yield server, f"http://127.0.0.1:{server.port}"
+
+
+def test_env_server_without_the_token_answers_401_and_with_it_runs_an_episode(token_server, monkeypatch):
+    server, url = token_server
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for method, path in (("GET", "/info"), ("POST", "/sessions"), ("POST", "/sessions/abc/reset"),
+                             ("DELETE", "/sessions/abc"), ("GET", "/nowhere")):
+            reply = httpx.request(method, url + path, headers=headers)
+            assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", (method, path)
+            assert "missing or wrong token" in reply.json()["error"]
+    assert server.num_sessions == 0  # nothing was opened for the refused requests
+    monkeypatch.setenv("TURNRL_TEST_ENV_TOKEN", TOKEN)
+    remote = RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN")
+    try:
+        rng_r, rng_l = np.random.default_rng(0), np.random.default_rng(0)
+        local = make_local(GUESS, **GUESS_KWARGS)
+        assert play(remote, 3, "test", "weak", rng_r) == play(local, 3, "test", "weak", rng_l)
+        assert server.num_sessions == 1
+    finally:
+        remote.close()
+    assert server.num_sessions == 0  # the delete went through with the token too
+
+
+def test_remote_env_with_a_missing_or_wrong_token_fails_at_construction(token_server, monkeypatch):
+    _, url = token_server
+    monkeypatch.delenv("TURNRL_TEST_ENV_TOKEN", raising=False)
+    with pytest.raises(RemoteEnvTokenError, match=rf"GET {url}/info .*HTTP 401: the server at {url} refused the "
+                                                  r"token: set TURNRL_TEST_ENV_TOKEN to its token \(TURNRL_TEST_ENV_"
+                                                  r"TOKEN was unset or empty, so no token was sent\)") as err:
+        RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN", retries=3)
+    assert err.value.status == 401 and isinstance(err.value, TokenRefusedError)
+    monkeypatch.setenv("TURNRL_TEST_ENV_TOKEN", "not-the-token")
+    with pytest.raises(RemoteEnvTokenError, match=r"refused the token: set TURNRL_TEST_ENV_TOKEN to its token$") as err:
+        RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN")
+    assert "not-the-token" not in str(err.value)
+    monkeypatch.setenv("TURNRL_TEST_ENV_TOKEN", "two words")
+    with pytest.raises(ValueError, match="TURNRL_TEST_ENV_TOKEN holds whitespace"):
+        RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN")
+
+
+def test_env_server_on_a_non_loopback_address_needs_a_token():
+    with pytest.raises(ValueError, match=r"refusing to serve on '0\.0\.0\.0' without a token.*TURNRL_SERVER_TOKEN"):
+        EnvServer(GUESS, host="0.0.0.0")
+    with EnvServer(GUESS, host="127.0.0.1") as server:  # loopback: a token is optional
+        assert RemoteEnv(server.url, GUESS, token_env=None).reset(seed=0) == make_local(GUESS).reset(seed=0)
+
+
+def test_a_token_refused_mid_run_stops_the_collector_instead_of_failing_every_episode(tokenizer, renderer,
+                                                                                      monkeypatch):
+    """The server restarts with another token (same port): the next step, and then every reset,
+    is refused. The collector raises that, instead of ending each episode with ``env_error``."""
+    monkeypatch.setenv("TURNRL_TEST_ENV_TOKEN", TOKEN)
+    servers = [EnvServer(GUESS, {"n": 32}, host="0.0.0.0", token=TOKEN).start()]
+    url = f"http://127.0.0.1:{servers[0].port}"
+
+    def rotate(call):
+        if call == 2:  # after the first step of every episode
+            servers[0].stop()
+            servers.append(EnvServer(GUESS, {"n": 32}, host="0.0.0.0", port=servers[0].port, token="rotated").start())
+
+    try:
+        collector = RolloutCollector(lambda: RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN"),
+                                     BisectPolicy(tokenizer, before_call=rotate), renderer, env_workers=2)
+        with pytest.raises(RemoteEnvTokenError, match=r"\(step\): HTTP 401: .*set TURNRL_TEST_ENV_TOKEN to its token"):
+            collector.collect([Task(s) for s in slow_seeds(2)], 1, PARAMS)
+        with pytest.raises(RemoteEnvTokenError, match=r"\(reset\): HTTP 401: .*set TURNRL_TEST_ENV_TOKEN"):
+            collector.collect([Task(0)], 1, PARAMS)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_serve_env_cli_needs_a_token_off_loopback_and_never_prints_it():
+    env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
+    command = [sys.executable, "-m", "turnrl", "serve-env", GUESS, "--host", "0.0.0.0"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "refusing to serve on '0.0.0.0' without a token" in refused.stderr
+    assert "export TURNRL_SERVER_TOKEN=" in refused.stderr
+    unset = subprocess.run([*command, "--token-env", "TURNRL_TEST_UNSET_TOKEN"], capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert unset.returncode == 2 and "TURNRL_TEST_UNSET_TOKEN (named by --token-env) is unset or empty" in unset.stderr
+    proc, url = serve_subprocess(GUESS, args=["--host", "0.0.0.0"], env={"TURNRL_SERVER_TOKEN": TOKEN})
+    try:  # the default variable, TURNRL_SERVER_TOKEN, holds the token
+        assert httpx.get(url + "/info").status_code == 401
+        assert httpx.get(url + "/info", headers={"Authorization": f"Bearer {TOKEN}"}).json()["env_id"] == GUESS
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and TOKEN not in out + err

@@ -1,7 +1,9 @@
 """Remote tools: a real ``ToolServer`` on loopback (in a thread, and as a subprocess via the
-CLI) and the real ``RemoteExecutor`` talking to it over HTTP. Failures are made by real server
+CLI) and the real ``RemoteExecutor`` talking to it over HTTP; token-guarded servers bind
+every interface (0.0.0.0) and are reached over 127.0.0.1. Failures are made by real server
 tools (one that sleeps, one that counts calls and refuses the first N), never by mocks."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -15,8 +17,11 @@ import pytest
 
 from turnrl.tools import Tool, ToolCall, calculator, run_python, run_sync, tool
 from turnrl.tools.executors import EXECUTORS, get_executor
-from turnrl.tools.executors.remote import RemoteExecutor, RemoteFunction, remote_tools
+from turnrl.http_json import TokenRefusedError
+from turnrl.tools.executors.remote import RemoteExecutor, RemoteFunction, RemoteToolTokenError, remote_tools
 from turnrl.tools.serve import ToolServer, ToolUnavailable, load_tools
+
+from tests.helpers import BWRAP_INSTALL, missing_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -253,7 +258,7 @@ def test_served_code_tool_runs_in_the_servers_sandbox_and_sessions_close():
     try:
         get_executor("sandbox")
     except SandboxUnavailable as e:
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     limits = {"cpu_s": 1, "wall_s": 4, "memory_mb": 256}
     with ToolServer([run_python], executor_options={"sandbox": {"limits": limits}}) as server:
         (remote_python,) = remote_tools(server.url)
@@ -317,3 +322,102 @@ def test_an_env_tool_is_sent_to_a_remote_server_chosen_in_config():
         assert server.status_counts.get(200, 0) >= 1  # the calls went over HTTP
     with pytest.raises(ValueError, match="calculator"):
         CalcMathEnv(executors={"calculater": "remote"})
+
+
+# ------------------------------------------------------------------ tokens
+TOKEN = "tool-tok-5d2e7a9c04"
+
+
+@pytest.fixture
+def token_server(gauge):
+    """A tool server on every interface (not loopback), guarded by ``TOKEN``, and its loopback URL."""
+    with ToolServer([calculator, tool(gauge.hold)], host="0.0.0.0", token=TOKEN) as s:
+        yield s, f"http://127.0.0.1:{s.port}"
+
+
+def test_tool_server_without_the_token_answers_401_in_its_protocol(token_server):
+    server, url = token_server
+    body = {"name": "calculator", "arguments": {"expression": "1+2"}, "session": "s"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        for method, path in (("GET", "/tools"), ("POST", "/call"), ("POST", "/close_session")):
+            reply = httpx.request(method, url + path, headers=headers, json=body)
+            assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", (method, path)
+            assert reply.json()["error"] == "unauthorized" and "Bearer <token>" in reply.json()["message"]
+    ok = httpx.post(url + "/call", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.json() == {"content": "3", "error": None}
+    assert server.status_counts[401] == 9
+
+
+def test_remote_tools_and_executor_send_the_token_from_the_named_variable(token_server, monkeypatch):
+    _, url = token_server
+    monkeypatch.setenv("TURNRL_TEST_TOOL_TOKEN", TOKEN)
+    calc, _ = remote_tools(url, token_env="TURNRL_TEST_TOOL_TOKEN")
+    ex = RemoteExecutor(url, token_env="TURNRL_TEST_TOOL_TOKEN", backoff_s=0.01)
+    try:
+        assert call(ex, calc, {"expression": "37 * 24"}).content == "888"
+    finally:
+        ex.close()
+
+
+def test_a_refused_token_raises_naming_the_variable_and_is_never_retried(token_server, monkeypatch):
+    server, url = token_server
+    monkeypatch.delenv("TURNRL_TEST_TOOL_TOKEN", raising=False)
+    with pytest.raises(RemoteToolTokenError, match=rf"GET {url}/tools: HTTP 401: the server at {url} refused the "
+                                                   r"token: set TURNRL_TEST_TOOL_TOKEN to its token \(TURNRL_TEST_TOOL_"
+                                                   r"TOKEN was unset or empty, so no token was sent\)"):
+        remote_tools(url, token_env="TURNRL_TEST_TOOL_TOKEN")
+    monkeypatch.setenv("TURNRL_TEST_TOOL_TOKEN", "not-the-token")
+    calc = Tool("calculator", "Calculate.", calculator.parameters, RemoteFunction("calculator", url), executor="remote")
+    ex = RemoteExecutor(url, token_env="TURNRL_TEST_TOOL_TOKEN", retries=3, backoff_s=0.01)
+    try:
+        with pytest.raises(RemoteToolTokenError, match=r"tool 'calculator': POST .*/call: HTTP 401: .*refused the "
+                                                       r"token: set TURNRL_TEST_TOOL_TOKEN to its token$") as err:
+            call(ex, calc, {"expression": "1+1"})
+        assert isinstance(err.value, TokenRefusedError) and "not-the-token" not in str(err.value)
+    finally:
+        ex.close()
+    assert server.status_counts[401] == 2  # one GET /tools, one call: a 401 is not retried
+
+
+def test_an_env_whose_remote_tool_is_refused_raises_instead_of_telling_the_model(token_server, monkeypatch):
+    """CalcMath with its calculator on a token-guarded server and the wrong token in the env's
+    executor options: the step raises (a wrong setup), it does not become a tool error."""
+    from turnrl.envs import CalcMathEnv
+
+    _, url = token_server
+    monkeypatch.setenv("TURNRL_TEST_TOOL_TOKEN", "not-the-token")
+    options = {"remote": {"url": url, "token_env": "TURNRL_TEST_TOOL_TOKEN", "retries": 0}}
+    env = CalcMathEnv(num_ops=1, executors={"calculator": "remote"}, executor_options=options)
+    env.reset(seed=0)
+    with pytest.raises(RemoteToolTokenError, match="set TURNRL_TEST_TOOL_TOKEN to its token"):
+        env.step(env.expert_action())
+
+
+def test_tool_server_on_a_non_loopback_address_needs_a_token():
+    with pytest.raises(ValueError, match=r"refusing to serve on '0\.0\.0\.0' without a token.*TURNRL_SERVER_TOKEN"):
+        ToolServer([calculator], host="0.0.0.0")
+
+
+def test_tool_server_cli_needs_a_token_off_loopback_and_never_prints_it(monkeypatch):
+    env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
+    command = [sys.executable, "-m", "turnrl.tools.serve", "turnrl.tools.calculator:calculator", "--host", "0.0.0.0"]
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "refusing to serve on '0.0.0.0' without a token" in refused.stderr and "--token-env" in refused.stderr
+    proc = subprocess.Popen([*command, "--token-env", "TURNRL_TEST_SERVE_TOKEN"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, "TURNRL_TEST_SERVE_TOKEN": TOKEN})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving calculator at http://0.0.0.0:"), (line, proc.poll() and proc.stderr.read())
+        url = "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+        with pytest.raises(RemoteToolTokenError):
+            remote_tools(url, token_env="TURNRL_TEST_UNSET_TOKEN")
+        monkeypatch.setenv("TURNRL_TEST_CLIENT_TOKEN", TOKEN)
+        (calc,) = remote_tools(url, token_env="TURNRL_TEST_CLIENT_TOKEN")
+        ex = RemoteExecutor(url, token_env="TURNRL_TEST_CLIENT_TOKEN")
+        assert call(ex, calc, {"expression": "3**4"}).content == "81"
+        ex.close()
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and TOKEN not in line + out + err

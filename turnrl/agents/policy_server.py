@@ -43,6 +43,12 @@ Endpoints (JSON in, JSON out):
   [null]}``; ``POST /reset_prefix_cache`` -> ``{"success": true}`` (this server caches no KV).
   Unlike vLLM's, they need the API key when the server has one.
 
+With an API key (a bearer token: ``serve-policy`` reads it from the variable ``--token-env``
+or its alias ``--api-key-env`` names, default ``TURNRL_SERVER_TOKEN``; required when bound to
+an address other than loopback), every endpoint but ``GET /health`` needs ``Authorization:
+Bearer <key>`` (``turnrl.http_json`` checks it); point ``OpenAIPolicy(api_key_env=VAR)`` at
+the same variable.
+
 Sampling knobs the server cannot honour are refused, never ignored: ``top_p`` other than 1,
 ``top_k`` other than -1/0, ``min_p``/penalties away from neutral, ``stop`` strings, ``seed``,
 ``echo``, ``stream``, ``logprobs`` > 1, ``suffix``, tools. Other unknown fields
@@ -119,11 +125,12 @@ class PolicyServer(JSONServer):
         max_batch: most rows in one ``generate`` call.
         batch_window_s: how long the batcher waits for more rows after the first arrives.
         seed: seed of the sampling generator.
-        api_key: when set, requests must send ``Authorization: Bearer <api_key>`` (else 401).
+        api_key: when set, requests (but ``GET /health``) must send ``Authorization: Bearer
+            <api_key>`` (else 401); required unless ``host`` is loopback.
         max_tokens_limit: largest ``max_tokens`` a request may ask for.
 
     Raises:
-        ValueError: On out-of-range arguments.
+        ValueError: On out-of-range arguments, or a non-loopback ``host`` without an API key.
     """
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, *, model_name: str = "turnrl-policy",
@@ -140,10 +147,10 @@ class PolicyServer(JSONServer):
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy = TransformersPolicy(model, tokenizer, seed=seed)
-        super().__init__(host, port, _Handler, "policy-server")
+        super().__init__(host, port, _Handler, "policy-server", token=api_key or None)
         self.model_name = model_name
         self.max_batch, self.batch_window_s = max_batch, float(batch_window_s)
-        self.max_tokens_limit, self.api_key = max_tokens_limit, api_key or None
+        self.max_tokens_limit = max_tokens_limit
         self.vocab_size = len(tokenizer)
         self.max_model_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -434,11 +441,6 @@ class PolicyServer(JSONServer):
             raise _bad(f"a prompt of {longest} tokens plus max_tokens={params.max_new_tokens} exceeds the model's "
                        f"context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens", "max_tokens")
 
-    def _authorized(self, header: str | None) -> bool:
-        if self.api_key is None:
-            return True
-        return header is not None and secrets.compare_digest(header, f"Bearer {self.api_key}")
-
 
 # Refused request fields: name -> (value(s) that are fine, why the others are refused)
 _NEUTRAL: dict[str, tuple[tuple, str]] = {
@@ -525,9 +527,6 @@ class _Handler(JSONHandler):
         allowed, handler = routes[path]
         if method != allowed:
             raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
-        guarded = path.startswith("/v1/") or path in ("/collective_rpc", "/reset_prefix_cache")
-        if guarded and not server._authorized(self.headers.get("Authorization")):
-            raise HTTPError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key; send 'Authorization: Bearer <key>'")
         return handler()
 
 

@@ -34,6 +34,13 @@ Contract, and where it differs from a local env:
   comes back as ``RemoteEnvError`` whose ``remote_type`` is the exception's class name;
   for ``ValueError``, ``TypeError`` and ``NotImplementedError`` it is also an instance
   of that class (so ``baselines`` sees a missing ``random_action`` as it would locally).
+* Tokens: the bearer token is read once, at construction, from the environment variable
+  ``token_env`` names (default ``TURNRL_SERVER_TOKEN``; unset or empty: none is sent), so a
+  config holds the variable's name, never the secret. A 401 (no token, or the wrong one)
+  raises ``RemoteEnvTokenError`` saying which variable to set. It is also a
+  ``turnrl.http_json.TokenRefusedError``, which the rollout collector re-raises instead of
+  ending one episode with ``env_error``: every episode would be refused alike. Since
+  ``/info`` needs the token too, a wrong one already fails the constructor.
 """
 
 from __future__ import annotations
@@ -49,9 +56,10 @@ import numpy as np
 
 from turnrl.envs.messages import action_space, observation_space
 from turnrl.envs.server import to_json
+from turnrl.http_json import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
 from turnrl.tools import Tool
 
-__all__ = ["RemoteEnv", "RemoteEnvError", "from_json"]
+__all__ = ["RemoteEnv", "RemoteEnvError", "RemoteEnvTokenError", "from_json"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,10 @@ class RemoteEnvError(RuntimeError):
                  remote_type: str | None = None) -> None:
         super().__init__(message)
         self.url, self.status, self.remote_type = url, status, remote_type
+
+
+class RemoteEnvTokenError(RemoteEnvError, TokenRefusedError):
+    """The env server refused this client's token (HTTP 401): set the variable ``token_env`` names."""
 
 
 class _SessionGone(RemoteEnvError):
@@ -103,17 +115,21 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
         timeout_s: Timeout of every request, in seconds.
         retries: Extra attempts of an idempotent request after a connection error or timeout.
         backoff_s: Sleep before the first retry; doubled before each next one.
+        token_env: The environment variable holding the server's bearer token (read here;
+            unset or empty, or None: no token is sent).
         **env_kwargs: Constructor kwargs of the session's env, overriding the server's.
 
     Raises:
-        ValueError: On bad arguments, or when the server serves another env than ``env_id``.
+        ValueError: On bad arguments, a malformed token in ``token_env``, or when the server
+            serves another env than ``env_id``.
+        RemoteEnvTokenError: When the server refuses the token.
         RemoteEnvError: When ``/info`` cannot be fetched.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, url: str, env_id: str | None = None, *, timeout_s: float = 30, retries: int = 2,
-                 backoff_s: float = 0.2, **env_kwargs: Any) -> None:
+                 backoff_s: float = 0.2, token_env: str | None = DEFAULT_TOKEN_ENV, **env_kwargs: Any) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL such as 'http://127.0.0.1:8000', got {url!r}")
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
@@ -124,10 +140,13 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
             raise ValueError(f"backoff_s must be a number >= 0, got {backoff_s!r}")
         self.url = url.rstrip("/")
         self.retries, self.backoff_s = retries, float(backoff_s)
+        self.token_env = token_env
         self.env_kwargs = to_json(dict(env_kwargs), "env_kwargs")
         self.observation_space = observation_space()
         self.action_space = action_space()
-        self._client = httpx.Client(base_url=self.url, timeout=timeout_s)
+        headers = auth_headers(token_env)
+        self._sends_token = bool(headers)
+        self._client = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
         self._session: dict | None = None
         self._closed = False
         try:
@@ -256,6 +275,10 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
         return self._decode(response, method, path, what)
 
     def _decode(self, response: httpx.Response, method: str, path: str, what: str) -> dict:
+        if response.status_code == 401:
+            raise RemoteEnvTokenError(f"{method} {self.url}{path} ({what}): HTTP 401: "
+                                      f"{refused_message(self.url, self.token_env, self._sends_token)}", url=self.url,
+                                      status=401)
         try:
             reply = response.json()
         except ValueError:

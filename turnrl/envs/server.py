@@ -39,7 +39,12 @@ Endpoints (JSON in, JSON out; ``REQUEST_SCHEMAS`` holds the body schemas):
   ``rng_state`` is returned for both (null for the expert).
 * ``DELETE /sessions/{id}`` -> ``{"deleted": id}``.
 
-Errors are ``{"error": "<what was wrong and how to fix it>"}`` with a status: 400 a body
+With a ``token`` (``serve-env`` reads it from the variable ``--token-env`` names, default
+``TURNRL_SERVER_TOKEN``; required when bound to an address other than loopback), every
+request must send ``Authorization: Bearer <token>``, else 401 (``turnrl.http_json``).
+
+Errors are ``{"error": "<what was wrong and how to fix it>"}`` with a status: 401 a missing
+or wrong token; 400 a body
 that is not a JSON object or fails its schema (checked with
 ``turnrl.tools.validation.validate_arguments``; an optional field may be null, meaning
 absent), or kwargs the env's constructor rejects; 404 an unknown path or session (a
@@ -145,13 +150,17 @@ class EnvServer(JSONServer):
         port: TCP port; 0 picks a free one (read it from ``url`` after ``start()``).
         session_ttl_s: A session idle for longer than this many seconds is closed.
         max_sessions: Most sessions open at once; creating one more gets HTTP 503.
+        token: The bearer token every request must send (else 401); required unless ``host``
+            is loopback. None: no token (loopback only).
 
     Raises:
-        ValueError: On an unregistered id, kwargs the env rejects, or bad limits.
+        ValueError: On an unregistered id, kwargs the env rejects, bad limits, or a
+            non-loopback ``host`` without a token.
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, host: str = "127.0.0.1",
-                 port: int = 0, session_ttl_s: float = 600, max_sessions: int = 1024) -> None:
+                 port: int = 0, session_ttl_s: float = 600, max_sessions: int = 1024, *,
+                 token: str | None = None) -> None:
         registration.register_envs()
         if env_id not in gymnasium.registry:
             raise ValueError(f"unknown env id {env_id!r}; registered turnrl ids: "
@@ -162,7 +171,7 @@ class EnvServer(JSONServer):
             raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
-        super().__init__(host, port, _Handler, "env-server")
+        super().__init__(host, port, _Handler, "env-server", token=token)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.session_ttl_s, self.max_sessions = float(session_ttl_s), max_sessions
         probe = self._make_env(self.env_kwargs)

@@ -11,6 +11,7 @@ import gymnasium
 
 from turnrl.agents.renderer import ChatRenderer, Conversation
 from turnrl.agents.sampling import SamplingParams
+from turnrl.http_json import TokenRefusedError
 from turnrl.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,9 @@ class RolloutCollector:
     Each turn, every live episode's conversation is sent to the policy in one batch; the
     sampled ids are appended verbatim, the decoded text is the env's action, and the
     env's new messages are rendered with the chat template. An env (or tool) that raises
-    ends its own episode with ``termination="env_error"``; the other episodes go on.
+    ends its own episode with ``termination="env_error"``; the other episodes go on. A
+    ``TokenRefusedError`` (a server refused the token of a remote env or tool) is raised
+    instead: it would refuse every episode alike.
 
     Args:
         env_fn: makes one env (called lazily; envs are pooled and reused across calls).
@@ -94,6 +97,8 @@ class RolloutCollector:
                 env = envs[group_id * group_size + k]
                 try:
                     obs, info = env.reset(seed=task.seed, options={"split": task.split})
+                except TokenRefusedError:  # a wrong setup, not a failing episode: stop with its message
+                    raise
                 except Exception as exc:  # this episode ends before it starts; the rest go on
                     log.warning("env raised during reset of task seed %d: %r", task.seed, exc)
                     episodes.append(_Episode(env, Conversation(), group_id, str(task.seed),
@@ -162,6 +167,8 @@ def _env_step(env: gymnasium.Env, content: str) -> tuple | Exception:
     """``env.step(content)``, or the exception it raised (run in a worker thread)."""
     try:
         return env.step(content)
+    except TokenRefusedError:  # raised to the caller (see RolloutCollector)
+        raise
     except Exception as exc:
         return exc
 

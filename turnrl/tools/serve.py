@@ -13,6 +13,10 @@ The protocol (JSON over HTTP/1.1, what ``turnrl.tools.executors.remote`` speaks)
   transient failure: clients retry).
 - ``POST /close_session`` with ``{"session": str}`` -> 200 ``{"closed": session}``: frees the
   session's resources on the executors its calls used.
+- A server with a ``token`` (the command line reads it from the variable ``--token-env``
+  names, default ``TURNRL_SERVER_TOKEN``; required when bound to an address other than
+  loopback) answers a request without ``Authorization: Bearer <token>`` with 401
+  ``{"error": "unauthorized", "message": ...}`` (``turnrl.http_json``).
 
 Plain tools run in the request's thread (``ThreadingHTTPServer``: one thread per
 connection) with the same validation and error texts as ``execute_call``. A tool whose
@@ -35,7 +39,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnrl.http_json import HTTPError, JSONHandler, JSONServer
+from turnrl.http_json import DEFAULT_TOKEN_ENV, HTTPError, JSONHandler, JSONServer, server_token
 from turnrl.tools.execute import ToolResult, check_call, run_validated
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool, tool, tool_map
@@ -67,9 +71,12 @@ class ToolServer(JSONServer):
         port: TCP port; 0 picks a free one (read it from ``url`` after ``start``).
         executor_options: Executor kind -> options for ``get_executor``, used for tools whose
             ``executor`` is not ``"inprocess"`` (e.g. ``{"sandbox": {"limits": {...}}}``).
+        token: The bearer token every request must send (else 401); required unless ``host``
+            is loopback. None: no token (loopback only).
 
     Raises:
-        ValueError: If two tools share a name, or there are none.
+        ValueError: If two tools share a name, there are none, or ``host`` is not loopback
+            and there is no token.
         TypeError: If an item of ``tools`` is not a ``Tool``.
     """
 
@@ -82,6 +89,7 @@ class ToolServer(JSONServer):
         port: int = 0,
         *,
         executor_options: Mapping[str, Mapping[str, Any]] | None = None,
+        token: str | None = None,
     ) -> None:
         tools = list(tools)
         for item in tools:
@@ -89,7 +97,7 @@ class ToolServer(JSONServer):
                 raise TypeError(f"ToolServer serves Tool values (see turnrl.tools.tool), got {item!r}")
         if not tools:
             raise ValueError("ToolServer needs at least one tool to serve")
-        super().__init__(host, port, _Handler, "turnrl-tool-server")
+        super().__init__(host, port, _Handler, "turnrl-tool-server", token=token)
         self.tools: dict[str, Tool] = tool_map(tools)
         self.executor_options = {kind: dict(opts) for kind, opts in (executor_options or {}).items()}
         self._sessions: dict[str, set[str]] = {}  # session -> executor kinds its calls used
@@ -261,9 +269,12 @@ class _Handler(JSONHandler):
     def internal_error(self, e: Exception) -> HTTPError:
         return HTTPError(500, "internal", message=f"the tool server failed: {type(e).__name__}: {e}")
 
-    def send_json(self, status: int, data: bytes) -> None:
+    def unauthorized(self) -> HTTPError:
+        return HTTPError(401, "unauthorized", message=super().unauthorized().error)
+
+    def send_json(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
         self.json_server._count(status)
-        super().send_json(status, data)
+        super().send_json(status, data, headers)
 
     def _read_json(self) -> Any:
         try:
@@ -315,19 +326,25 @@ def load_tools(spec: str) -> list[Tool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m turnrl.tools.serve SPEC [SPEC ...] [--host H] [--port P]``.
+    """``python -m turnrl.tools.serve SPEC [SPEC ...] [--host H] [--port P] [--token-env VAR]``.
 
     Prints ``serving NAMES at URL`` on one line once the port is bound, then serves until
-    SIGINT or SIGTERM.
+    SIGINT or SIGTERM. The bearer token comes from the environment variable ``--token-env``
+    names (default ``TURNRL_SERVER_TOKEN``), required when ``--host`` is not loopback.
+    Returns 2 on bad arguments (or a missing token), 0 after a clean stop.
     """
     parser = argparse.ArgumentParser(prog="python -m turnrl.tools.serve", description="Serve tools over HTTP.")
     parser.add_argument("specs", nargs="+", metavar="module:attr", help="a Tool, a function or a list of them")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one, printed)")
+    parser.add_argument("--token-env", default=None, metavar="VAR",
+                        help="environment variable holding the bearer token clients must send (default "
+                             f"{DEFAULT_TOKEN_ENV}, read when set; a token is required unless --host is loopback)")
     args = parser.parse_args(argv)
     try:
+        token = server_token(args.token_env, args.host)
         tools = [t for spec in args.specs for t in load_tools(spec)]
-        server = ToolServer(tools, host=args.host, port=args.port).start()
+        server = ToolServer(tools, host=args.host, port=args.port, token=token).start()
     except (ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

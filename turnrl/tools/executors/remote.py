@@ -8,6 +8,13 @@ at most ``timeout_s`` seconds, and retries connection errors, timeouts and 5xx a
 exponential backoff (never 4xx: the same request would be refused again). When every try
 failed the model gets an error result saying the tool service did not answer, never an
 exception.
+
+Tokens: the bearer token is read from the environment variable ``token_env`` names (default
+``TURNRL_SERVER_TOKEN``; unset or empty: none is sent) when the executor is made, so env
+kwargs and configs hold the variable's name, never the secret. A 401 is no tool failure the
+model could act on but a wrong setup that refuses every call alike: it raises
+``RemoteToolTokenError`` (a ``turnrl.http_json.TokenRefusedError``, which the rollout
+collector lets through to stop the run) saying which variable to set.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import urlsplit
 
+from turnrl.http_json import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
 from turnrl.tools.execute import ToolError, ToolResult
 from turnrl.tools.executors.base import EXECUTORS, Executor
 from turnrl.tools.parsers import ToolCall
@@ -28,7 +36,7 @@ from turnrl.tools.tool import Tool
 if TYPE_CHECKING:  # httpx is imported on first use: registering the executor stays cheap
     import httpx
 
-__all__ = ["RemoteExecutor", "RemoteFunction", "normalize_url", "remote_tools"]
+__all__ = ["RemoteExecutor", "RemoteFunction", "RemoteToolTokenError", "normalize_url", "remote_tools"]
 
 _ERROR_KINDS = frozenset(kind for kind in get_args(ToolError) if kind is not None)
 CLOSE_TIMEOUT_S = 2.0
@@ -47,6 +55,10 @@ def normalize_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"a tool service url must look like 'http://127.0.0.1:8000', got {url!r}")
     return url.rstrip("/")
+
+
+class RemoteToolTokenError(TokenRefusedError):
+    """A tool server refused this client's token (HTTP 401): set the variable ``token_env`` names."""
 
 
 @dataclass(frozen=True)
@@ -69,26 +81,35 @@ class RemoteFunction:
         )
 
 
-def remote_tools(url: str, *, timeout_s: float = 10.0) -> tuple[Tool, ...]:
+def remote_tools(url: str, *, timeout_s: float = 10.0,
+                 token_env: str | None = DEFAULT_TOKEN_ENV) -> tuple[Tool, ...]:
     """The tools served at ``url`` (``GET {url}/tools``), as ``Tool`` values with
     ``executor="remote"`` whose schemas are the server's.
 
     Args:
         url: The server, e.g. ``ToolServer.url`` or ``"http://127.0.0.1:8000"``.
         timeout_s: Seconds to wait for the list.
+        token_env: The environment variable holding the server's bearer token (unset, empty
+            or None: none is sent). The executor that runs the tools reads its own.
 
     Returns:
         The tools in the server's order.
 
     Raises:
-        ValueError: If ``url`` is malformed or the server's answer is not a list of tool schemas.
-        ConnectionError: If the server does not answer (or answers with an HTTP error).
+        ValueError: If ``url`` is malformed, the variable holds a malformed token, or the
+            server's answer is not a list of tool schemas.
+        RemoteToolTokenError: If the server refuses the token.
+        ConnectionError: If the server does not answer (or answers with another HTTP error).
     """
     import httpx
 
     base = normalize_url(url)
+    headers = auth_headers(token_env)
     try:
-        response = httpx.get(f"{base}/tools", timeout=timeout_s, trust_env=False)
+        response = httpx.get(f"{base}/tools", timeout=timeout_s, trust_env=False, headers=headers)
+        if response.status_code == 401:
+            refused = refused_message(base, token_env, bool(headers))
+            raise RemoteToolTokenError(f"GET {base}/tools: HTTP 401: {refused}")
         response.raise_for_status()
         payload = response.json()
     except httpx.HTTPStatusError as e:
@@ -138,7 +159,8 @@ class RemoteExecutor(Executor):
     have run on the server, so a retried call can run twice: serve tools whose repeats are
     harmless, or pass ``retries=0``. When all tries failed the result
     is ``"timeout"`` (the last try timed out) or ``"exception"``, with a text saying the tool
-    service did not answer. A call therefore takes at most about
+    service did not answer. A 401 raises ``RemoteToolTokenError`` (see the module docstring).
+    A call therefore takes at most about
     ``(retries + 1) * timeout_s + backoff_s * (2 ** retries - 1)`` seconds.
 
     The ``httpx.AsyncClient`` (a keep-alive pool of up to ``max_concurrency`` connections) is
@@ -151,9 +173,12 @@ class RemoteExecutor(Executor):
         retries: Tries after the first one (0: no retry).
         backoff_s: Seconds before the first retry; doubled for each next one.
         max_concurrency: Calls in flight at once, over all sessions.
+        token_env: The environment variable holding the servers' bearer token, read here
+            (unset, empty or None: none is sent).
 
     Raises:
-        ValueError: If ``url`` is malformed or a number is out of range.
+        ValueError: If ``url`` is malformed, a number is out of range, or the variable holds
+            a malformed token.
     """
 
     kind = "remote"
@@ -166,6 +191,7 @@ class RemoteExecutor(Executor):
         retries: int = 3,
         backoff_s: float = 0.2,
         max_concurrency: int = 8,
+        token_env: str | None = DEFAULT_TOKEN_ENV,
     ) -> None:
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -175,6 +201,8 @@ class RemoteExecutor(Executor):
         self.url = None if url is None else normalize_url(url)
         self.retries = retries
         self.backoff_s = float(backoff_s)
+        self.token_env = token_env
+        self._headers = {"Content-Type": "application/json", **auth_headers(token_env)}
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._sessions: dict[str, set[str]] = {}  # session -> server urls its calls went to
         self._lock = threading.Lock()
@@ -202,7 +230,6 @@ class RemoteExecutor(Executor):
             body = json.dumps({"name": call.name, "arguments": call.arguments, "session": session}).encode()
         except (TypeError, ValueError) as e:
             return ToolResult(call, f"Error: the arguments of tool {tool.name!r} are not JSON: {e}", "exception")
-        headers = {"Content-Type": "application/json"}
         async with self.slot():
             client = self._client()
             problem, kind = "", "exception"
@@ -211,7 +238,7 @@ class RemoteExecutor(Executor):
                     await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
                 try:
                     response = await asyncio.wait_for(
-                        client.post(f"{url}/call", content=body, headers=headers, timeout=self.timeout_s),
+                        client.post(f"{url}/call", content=body, headers=self._headers, timeout=self.timeout_s),
                         self.timeout_s,
                     )
                 except (httpx.TimeoutException, asyncio.TimeoutError):
@@ -223,6 +250,10 @@ class RemoteExecutor(Executor):
                 except httpx.HTTPError as e:  # an answer that cannot be read: the same again would not be
                     return ToolResult(call, f"Error: the tool service at {url} sent an answer that cannot be "
                                             f"read ({type(e).__name__}: {e}).", "exception")
+                if response.status_code == 401:
+                    sent = "Authorization" in self._headers
+                    raise RemoteToolTokenError(f"tool {tool.name!r}: POST {url}/call: HTTP 401: "
+                                               f"{refused_message(url, self.token_env, sent)}")
                 if response.status_code >= 500:
                     problem, kind = f"HTTP {response.status_code}: {_server_message(response)}", "exception"
                     continue
@@ -247,7 +278,7 @@ class RemoteExecutor(Executor):
 
         for url in sorted(urls):
             try:
-                httpx.post(f"{url}/close_session", json={"session": session},
+                httpx.post(f"{url}/close_session", json={"session": session}, headers=self._headers,
                            timeout=min(self.timeout_s, CLOSE_TIMEOUT_S), trust_env=False)
             except httpx.HTTPError:
                 pass
