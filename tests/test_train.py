@@ -18,36 +18,38 @@ def _config(env_id: str, env_kwargs: dict, max_new_tokens: int = 8, **trainer) -
     cfg.algorithm.loss_agg = "seq-mean-token-mean"
     cfg.agent.warmstart.steps = 60
     cfg.agent.tokenizer.corpus_episodes = 50
-    cfg.trainer.update(dict(eval_episodes=32, eval_every=10, progress=False, tensorboard=True, **trainer))
+    cfg.trainer.update(dict(eval_episodes=32, eval_every=10, progress=False, tensorboard=True) | trainer)
     return OmegaConf.to_object(cfg)
 
 
-def _mean(values):
-    return sum(values) / len(values)
-
-
+# Whether an update learns is asserted exactly, on a fixed batch, in
+# tests/algorithms/test_learner.py (the step is Adam's along the exact policy gradient; a
+# trajectory's log-likelihood moves with its advantage's sign). A reward curve of one seeded
+# run is not asserted here: "the last 10 of 40 steps beat the first 10" held on one machine
+# and failed on another (0.209 -> 0.203) once the floating-point path changed.
 @pytest.mark.parametrize(
-    "env_id, env_kwargs, max_new_tokens, steps, lr",
+    "env_id, env_kwargs, max_new_tokens",
     [
-        ("turnrl/GuessNumber-v0", {"n": 32, "n_min": 16}, 8, 40, 5e-4),
+        ("turnrl/GuessNumber-v0", {"n": 32, "n_min": 16}, 8),
         # the tool-using env: one calculator call, then the answer
-        ("turnrl/CalcMath-v0", {"num_ops": 1, "max_operand": 4}, 40, 40, 5e-4),
+        ("turnrl/CalcMath-v0", {"num_ops": 1, "max_operand": 4}, 40),
     ],
 )
-def test_grpo_run_moves_every_parameter_and_raises_reward(tmp_path, env_id, env_kwargs, max_new_tokens, steps, lr):
-    start = {}
+def test_grpo_run_moves_every_parameter_and_leaves_its_outputs(tmp_path, env_id, env_kwargs, max_new_tokens):
+    # a parameter moves once a step's rewards differ within a group: after the warm start ~5%
+    # (CalcMath) to ~20% (GuessNumber) of 64 episodes a step succeed, so 4 steps without it
+    # have a probability below 1e-5
+    start, steps = {}, 4
 
     def snapshot(model):
         start.update({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
 
-    cfg = _config(env_id, env_kwargs, max_new_tokens, steps=steps, lr=lr)
+    cfg = _config(env_id, env_kwargs, max_new_tokens, steps=steps, lr=5e-4, eval_every=2, eval_episodes=16)
     result = train(cfg, tmp_path, on_rl_start=snapshot)
 
     unchanged = [n for n, p in result.model.named_parameters() if p.requires_grad and torch.equal(p, start[n])]
     assert not unchanged, f"parameters not updated by RL: {unchanged}"
-    rewards = [m["reward"] for m in result.train]
-    first, last = _mean(rewards[:10]), _mean(rewards[-10:])
-    assert last > first, f"mean train reward did not rise: first 10 steps {first:.3f}, last 10 {last:.3f}"
+    assert all(math.isfinite(m["pg_loss"]) for m in result.train)
 
     # what a run leaves behind
     for name in ("metrics.jsonl", "curves.png", "summary.txt", "checkpoint/config.json",

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from turnrl.algorithms import ADVANTAGES, KL_ESTIMATORS, collate, grpo
-from turnrl.algorithms.advantages import group_mean_std
+from turnrl.algorithms.groups import group_stats
 from turnrl.rollout import Trajectory
 
 
@@ -89,21 +89,22 @@ def test_unknown_estimator_name_raises_key_error_listing_valid_names():
         KL_ESTIMATORS.get("k4")
 
 
-def test_group_mean_std_matches_a_loop_reference():
+def test_group_stats_matches_a_loop_reference():
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(60, generator=gen, dtype=torch.float64)
     groups = torch.randint(0, 15, (60,), generator=gen) * 3 + 100  # sparse ids, some groups of one
     groups[0] = 999  # a guaranteed singleton
-    mean, std, count = group_mean_std(scores, groups)
+    mean, centred, std, count = group_stats(scores, groups)
     for i in range(60):
         members = scores[groups == groups[i]]
         assert count[i] == len(members)
         assert mean[i] == pytest.approx(float(members.mean()), abs=1e-12)
+        assert centred[i] == pytest.approx(float(scores[i] - members.mean()), abs=1e-12)
         expected_std = float(members.std(unbiased=True)) if len(members) > 1 else 0.0
         assert std[i] == pytest.approx(expected_std, abs=1e-12)
     assert std[0] == 0 and count[0] == 1
 
 
-def test_group_mean_std_rejects_mismatched_shapes():
-    with pytest.raises(ValueError):
-        group_mean_std(torch.zeros(3), torch.zeros(4, dtype=torch.long))
+def test_group_stats_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="must have one shape"):
+        group_stats(torch.zeros(3), torch.zeros(4, dtype=torch.long))

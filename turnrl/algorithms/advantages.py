@@ -5,7 +5,9 @@ returns per-token advantages that are 0 wherever ``batch.loss_mask`` is 0. Turn-
 estimators (turn returns, GiGPO, MT-GRPO) are in ``turn_advantages.py``.
 
 Edge cases, for every estimator here: a group of one and a group whose returns are all
-equal get advantage 0 from the group-relative estimators (there is nothing to compare);
+equal get advantage exactly 0 from the group-relative estimators (there is nothing to
+compare), in any dtype: every mean and std comes from ``groups.py``, in float64, and the
+advantage is cast back to the rewards' dtype;
 truncated episodes count with the return they got (no bootstrap); a turn with no sampled
 tokens carries no loss whatever its advantage.
 """
@@ -15,33 +17,11 @@ from __future__ import annotations
 import torch
 
 from turnrl.algorithms.batch import TrainBatch
-from turnrl.algorithms.groups import leave_one_out_mean
+from turnrl.algorithms.groups import STAT_DTYPE, group_normalize, leave_one_out_centred, whiten
 from turnrl.algorithms.turns import discounted_turn_returns, turns_to_tokens
 from turnrl.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
-
-
-def group_mean_std(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row mean, unbiased std and size of the row's group.
-
-    Args:
-        scores: ``[N]`` float.
-        group_index: ``[N]`` long, any non-negative ids.
-
-    Returns:
-        ``(mean [N], std [N], count [N])``; std is 0 for groups of size one.
-    """
-    if scores.shape != group_index.shape or scores.dim() != 1:
-        raise ValueError(f"scores {tuple(scores.shape)} and group_index {tuple(group_index.shape)} must be equal 1-d shapes")
-    _, inverse = torch.unique(group_index, return_inverse=True)
-    groups = int(inverse.max()) + 1
-    count = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, torch.ones_like(scores))
-    total = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
-    mean = total / count
-    sq = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
-    var = torch.where(count > 1, sq / (count - 1).clamp(min=1), torch.zeros_like(sq))
-    return mean[inverse], var.sqrt()[inverse], count[inverse]
 
 
 @ADVANTAGES.register("grpo")
@@ -60,11 +40,8 @@ def grpo(batch: TrainBatch, normalize_std: bool = True, eps: float = 1e-6) -> to
     Returns:
         ``[N, T]`` advantages.
     """
-    mean, std, _ = group_mean_std(batch.scores, batch.group_index)
-    adv = batch.scores - mean
-    if normalize_std:
-        adv = adv / (std + eps)
-    return adv[:, None] * batch.loss_mask
+    adv = group_normalize(batch.scores, batch.group_index, eps=eps if normalize_std else None)
+    return adv.to(batch.scores.dtype)[:, None] * batch.loss_mask
 
 
 @ADVANTAGES.register("dr_grpo")
@@ -97,17 +74,8 @@ def rloo(batch: TrainBatch) -> torch.Tensor:
     Returns:
         ``[N, T]`` advantages.
     """
-    baseline, others = leave_one_out_mean(batch.scores, batch.group_index)
-    adv = torch.where(others > 0, batch.scores - baseline, torch.zeros_like(batch.scores))
-    return adv[:, None] * batch.loss_mask
-
-
-def _global_token_normalize(adv: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(adv - mean) / (std + eps)`` over every sampled token of the batch."""
-    n = mask.sum().clamp(min=1.0)
-    mean = (adv * mask).sum() / n
-    var = (((adv - mean) * mask) ** 2).sum() / (n - 1).clamp(min=1.0)
-    return (adv - mean) / (var.sqrt() + eps) * mask
+    adv, _ = leave_one_out_centred(batch.scores, batch.group_index)
+    return adv.to(batch.scores.dtype)[:, None] * batch.loss_mask
 
 
 @ADVANTAGES.register("reinforce_pp")
@@ -129,9 +97,9 @@ def reinforce_pp(batch: TrainBatch, gamma: float = 1.0, eps: float = 1e-6) -> to
     Returns:
         ``[N, T]`` advantages.
     """
-    returns = discounted_turn_returns(batch.turn_rewards, batch.num_turns, gamma)
-    tokens = turns_to_tokens(returns, batch.turn_index, batch.loss_mask)
-    return _global_token_normalize(tokens, batch.loss_mask, eps)
+    returns = discounted_turn_returns(batch.turn_rewards.to(STAT_DTYPE), batch.num_turns, gamma)
+    tokens = turns_to_tokens(returns, batch.turn_index, batch.loss_mask.to(STAT_DTYPE))
+    return whiten(tokens, batch.loss_mask, eps).to(batch.turn_rewards.dtype) * batch.loss_mask
 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
@@ -150,5 +118,6 @@ def reinforce_pp_baseline(batch: TrainBatch, eps: float = 1e-6) -> torch.Tensor:
     Returns:
         ``[N, T]`` advantages.
     """
-    centred = grpo(batch, normalize_std=False)
-    return _global_token_normalize(centred, batch.loss_mask, eps)
+    centred = group_normalize(batch.scores, batch.group_index, eps=None)
+    tokens = centred[:, None] * batch.loss_mask.to(STAT_DTYPE)
+    return whiten(tokens, batch.loss_mask, eps).to(batch.scores.dtype) * batch.loss_mask

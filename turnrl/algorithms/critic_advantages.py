@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from turnrl.algorithms.advantages import ADVANTAGES, _global_token_normalize
+from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.gae import token_gae, turn_level_gae
+from turnrl.algorithms.groups import whiten
 from turnrl.registry import Registry
 
 VALUE_TARGETS: Registry = Registry("value target")
@@ -34,7 +35,7 @@ def gae(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, normalize: boo
         ``[N, T]`` advantages.
     """
     adv = token_gae(batch, _values(batch, "gae"), gamma, lam)
-    return _global_token_normalize(adv, batch.loss_mask, 1e-6) if normalize else adv
+    return whiten(adv, batch.loss_mask).to(adv.dtype) * batch.loss_mask if normalize else adv
 
 
 @VALUE_TARGETS.register("gae")
@@ -54,7 +55,7 @@ def turn_gae(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, token_lam
         ``[N, T]`` advantages.
     """
     adv = turn_level_gae(batch, _values(batch, "turn_gae"), gamma, lam, token_lam)
-    return _global_token_normalize(adv, batch.loss_mask, 1e-6) if normalize else adv
+    return whiten(adv, batch.loss_mask).to(adv.dtype) * batch.loss_mask if normalize else adv
 
 
 @VALUE_TARGETS.register("turn_gae")

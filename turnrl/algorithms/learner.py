@@ -263,9 +263,10 @@ class Learner:
     @torch.no_grad()
     def score(self, batch: TrainBatch, model=None) -> torch.Tensor:
         """``[N, T]`` logprobs of the sampled tokens under ``model`` (default: the policy), no
-        gradient, in micro-batches; 0 off the loss mask."""
+        gradient, in micro-batches; 0 off the loss mask. Float32, or float64 for a float64 model."""
         model = self.model if model is None else model
-        out = torch.zeros_like(batch.loss_mask)
+        dtype = torch.promote_types(batch.loss_mask.dtype, next(model.parameters()).dtype)
+        out = torch.zeros_like(batch.loss_mask, dtype=dtype)
         for micro in torch.arange(len(batch), device=batch.loss_mask.device).split(self.cfg.micro_batch_size):
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):

@@ -17,6 +17,11 @@ def _hidden_and_head(model):
     return decoder, head
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits upcast to float32 for the softmax (bf16/fp16 models); a float64 model keeps float64."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def token_logprobs(
     model,
     input_ids: torch.Tensor,
@@ -47,7 +52,8 @@ def token_logprobs(
     Returns:
         ``logprobs [N, T]`` where ``logprobs[:, t] = log p(ids[t] | ids[:t])`` and column 0
         is 0; and ``entropy [N, T]`` (aligned the same way) or None; with ``return_hidden``
-        a third element as described above.
+        a third element as described above. Float32 (logits of bf16/fp16 models are upcast
+        before the softmax), or float64 for a float64 model.
     """
     n, t = input_ids.shape
     parts = _hidden_and_head(model) if score_mask is not None else None
@@ -55,7 +61,7 @@ def token_logprobs(
         raise ValueError("return_hidden needs score_mask and a model with a separate decoder and LM head "
                          "(a shared value head reads the decoder's hidden states)")
     if parts is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logits = _at_least_float32(model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1])
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
         logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         zero = torch.zeros_like(logp[:, :1])
@@ -74,7 +80,7 @@ def token_logprobs(
     target[:, 0] = False  # the first token has no context
     rows, cols = target.nonzero(as_tuple=True)
     picked_hidden = hidden[rows, cols - 1]  # [M, H]
-    logits = head(picked_hidden).float() / temperature  # [M, V]
+    logits = _at_least_float32(head(picked_hidden)) / temperature  # [M, V]
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, input_ids[rows, cols][:, None]).squeeze(-1)
     out = torch.zeros((n, t), dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)

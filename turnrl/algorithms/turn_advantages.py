@@ -7,9 +7,11 @@ Observation and tool tokens never carry loss and never interrupt a return: retur
 computed over turns, so the tokens between turns cannot reset them.
 
 Edge cases: a group of one gets 0 from every group-relative term (``turn_returns``
-instead falls back to the plain return, see there); all-equal returns give
-0; a turn with no sampled tokens (a zero-length turn) carries no loss; a truncated episode
-counts with the return it got (no value to bootstrap from).
+instead falls back to the plain return, see there); all-equal returns give exactly 0 in
+any dtype (returns, means and stds are computed in float64 by ``groups.py``, the advantage
+cast back to the rewards' dtype); a turn with no sampled tokens (a zero-length turn)
+carries no loss; a truncated episode counts with the return it got (no value to bootstrap
+from).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.algorithms.batch import TrainBatch
-from turnrl.algorithms.groups import leave_one_out_mean, segment_stats
+from turnrl.algorithms.groups import STAT_DTYPE, group_normalize, leave_one_out_centred
 from turnrl.algorithms.turns import discounted_turn_returns, turn_valid, turns_to_tokens
 
 NORMALIZATIONS = ("std", "mean")
@@ -56,10 +58,11 @@ def turn_returns(batch: TrainBatch, gamma: float = 1.0) -> torch.Tensor:
         ``[N, T]`` advantages.
     """
     k_max = batch.turn_rewards.shape[1]
-    returns = discounted_turn_returns(batch.turn_rewards, batch.num_turns, gamma)
+    returns = discounted_turn_returns(batch.turn_rewards.to(STAT_DTYPE), batch.num_turns, gamma)
     valid = turn_valid(batch.num_turns, k_max)
-    baseline, _ = leave_one_out_mean(returns, _turn_keys(batch.group_index, k_max), valid)
-    return turns_to_tokens((returns - baseline) * valid, batch.turn_index, batch.loss_mask)
+    centred, others = leave_one_out_centred(returns, _turn_keys(batch.group_index, k_max), valid)
+    per_turn = torch.where(others > 0, centred, returns) * valid
+    return turns_to_tokens(per_turn.to(batch.turn_rewards.dtype), batch.turn_index, batch.loss_mask)
 
 
 @ADVANTAGES.register("gigpo")
@@ -92,20 +95,15 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    mean, std, _ = segment_stats(batch.scores, batch.group_index)
-    episode = batch.scores - mean
-    if normalize == "std":
-        episode = episode / (std + eps)
+    scale = eps if normalize == "std" else None
+    episode = group_normalize(batch.scores, batch.group_index, eps=scale)
     k_max = batch.turn_rewards.shape[1]
-    returns = discounted_turn_returns(batch.turn_rewards, batch.num_turns, gamma)
+    returns = discounted_turn_returns(batch.turn_rewards.to(STAT_DTYPE), batch.num_turns, gamma)
     anchored = (batch.state_index >= 0) & turn_valid(batch.num_turns, k_max)
-    s_mean, s_std, _ = segment_stats(returns, batch.state_index, anchored)
-    step = returns - s_mean
-    if normalize == "std":
-        step = step / (s_std + eps)
-    step = torch.where(anchored, step, torch.zeros_like(step))
+    step = group_normalize(returns, batch.state_index, anchored, eps=scale)  # 0 where not anchored
     per_turn = episode[:, None] + omega * step
-    return turns_to_tokens(per_turn, batch.turn_index, batch.loss_mask)
+    dtype = torch.promote_types(batch.scores.dtype, batch.turn_rewards.dtype)
+    return turns_to_tokens(per_turn.to(dtype), batch.turn_index, batch.loss_mask)
 
 
 @ADVANTAGES.register("mt_grpo")
@@ -134,14 +132,12 @@ def mt_grpo(batch: TrainBatch, outcome_weight: float = 1.0, eps: float = 1e-6) -
         ``[N, T]`` advantages.
     """
     n, k_max = batch.turn_rewards.shape
+    rewards = batch.turn_rewards.to(STAT_DTYPE)
     last = (batch.num_turns - 1).clamp(min=0)
-    outcome = batch.turn_rewards.gather(1, last[:, None]).squeeze(1) * (batch.num_turns > 0)
-    o_mean, o_std, _ = segment_stats(outcome, batch.group_index)
-    a_outcome = (outcome - o_mean) / (o_std + eps)
+    outcome = rewards.gather(1, last[:, None]).squeeze(1) * (batch.num_turns > 0)
+    a_outcome = group_normalize(outcome, batch.group_index, eps=eps)
     intermediate = turn_valid(last, k_max)  # k < num_turns - 1
-    t_mean, t_std, _ = segment_stats(batch.turn_rewards, _turn_keys(batch.group_index, k_max), intermediate)
-    a_turn = torch.where(intermediate, (batch.turn_rewards - t_mean) / (t_std + eps),
-                         torch.zeros_like(batch.turn_rewards))
+    a_turn = group_normalize(rewards, _turn_keys(batch.group_index, k_max), intermediate, eps=eps)
     per_turn = torch.where(intermediate, a_turn + outcome_weight * a_outcome[:, None],
                            a_outcome[:, None].expand(n, k_max))
-    return turns_to_tokens(per_turn, batch.turn_index, batch.loss_mask)
+    return turns_to_tokens(per_turn.to(batch.turn_rewards.dtype), batch.turn_index, batch.loss_mask)
