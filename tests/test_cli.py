@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 
 import httpx
 import pytest
@@ -13,8 +14,25 @@ from turnrl.cli import _kwarg
 from turnrl.envs import registered_env_ids
 
 
-def turnrl(*args):
-    return subprocess.run([sys.executable, "-m", "turnrl", *args], capture_output=True, text=True, timeout=120)
+def turnrl(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "turnrl", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+USER_ENVS = textwrap.dedent('''
+    """An env of a user's own, in a file of theirs; importing it registers one id."""
+    import gymnasium
+
+    from turnrl.envs import GuessNumberEnv
+
+
+    class SmallGuessEnv(GuessNumberEnv):
+        def __init__(self, **kwargs):
+            super().__init__(n=8, n_min=4, **kwargs)
+
+
+    gymnasium.register("mine/SmallGuess-v0", entry_point=SmallGuessEnv)
+''')
 
 
 def test_check_env_passes_and_prints_the_report():
@@ -34,6 +52,26 @@ def test_unknown_env_id_exits_2_listing_the_ids():
     assert result.returncode == 2
     assert "unknown env id 'turnrl/Nope-v0'" in result.stderr
     assert all(env_id in result.stderr for env_id in registered_env_ids())
+
+
+@pytest.mark.parametrize("name", ["my_envs:SmallGuessEnv", "my_envs:mine/SmallGuess-v0"])
+def test_check_env_loads_an_env_of_your_own_as_module_colon_name(tmp_path, name):
+    (tmp_path / "my_envs.py").write_text(USER_ENVS)
+    result = turnrl("check-env", name, "--seeds", "3", "--kwarg", "max_turns=5", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"turnrl env check: {name} (seeds=3)" in result.stdout and "checks passed: OK" in result.stdout
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no_such_module:Env", "cannot import module 'no_such_module' of 'no_such_module:Env' (ModuleNotFoundError"),
+    ("my_envs:Missing", "'my_envs:Missing': module 'my_envs' has no env class named 'Missing' and registers no env "
+                        "id 'Missing'"),
+])
+def test_check_env_says_why_a_module_name_does_not_load(tmp_path, name, message):
+    (tmp_path / "my_envs.py").write_text(USER_ENVS)
+    result = turnrl("check-env", name, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+    assert "an env of your own: module:ClassName or module:env-id" in result.stderr
 
 
 def test_list_envs():

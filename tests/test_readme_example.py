@@ -1,5 +1,7 @@
 """The README's "Write your own environment" example runs exactly as printed: the env file,
-its Hydra config file and the two shell commands are read out of README.md."""
+its Hydra config file and the two shell commands are read out of README.md. A user's env class
+is checked by name (``module:Class``), works with every call format, describes its tools without
+hand-writing them, and its training run saves a config that names it."""
 
 import os
 import re
@@ -8,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from turnrl.envs import check
+from turnrl.tools import PARSERS, ToolMethod
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEADING = "## Write your own environment"
@@ -52,22 +56,36 @@ def test_the_example_is_a_few_dozen_lines():
     assert 25 <= sum(bool(line.strip()) for line in code.splitlines()) <= 45
 
 
-def test_the_example_env_passes_every_check(project):
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_the_example_env_passes_every_check_with_every_parser(project, parser):
     from capitals import CapitalsEnv
 
-    report = check(CapitalsEnv())
+    report = check(CapitalsEnv(tool_parser=parser))
     assert report.ok, report.format()
-    env = CapitalsEnv()
+    env = CapitalsEnv(tool_parser=parser)
     env.reset(seed=0, options={"split": "test"})
     _, reward, terminated, _, info = env.step("Answer: Lima")  # the test split is Ghana only
     assert terminated and reward == 0.0 and not info["success"]
+
+
+def test_the_example_describes_its_tool_without_writing_a_description(project):
+    from capitals import CapitalsEnv
+
+    assert "schema()" not in blocks("python")[0] and "Tool:" not in blocks("python")[0]
+    assert isinstance(CapitalsEnv.capital, ToolMethod)
+    env = CapitalsEnv(tool_parser="json_fenced")
+    obs, _ = env.reset(seed=0)
+    assert obs[0]["content"] == env.tools_prompt() and '"name": "capital"' in obs[0]["content"]
+    assert "```json" in obs[0]["content"]  # the call format of the env's own parser
+    obs, *_, info = env.step('```json\n{"name": "capital", "arguments": {"country": "Peru"\n```')
+    assert info["parse_error"] and obs[0]["content"].startswith("Error: could not parse your tool call: ")
 
 
 def test_the_printed_check_command_passes(project):
     check_command = blocks("bash")[0].splitlines()[0]
     result = run_shell(check_command, project)
     assert result.returncode == 0, result.stderr
-    assert "6/6 checks passed: OK" in result.stdout
+    assert "turnrl env check: capitals:CapitalsEnv" in result.stdout and "7/7 checks passed: OK" in result.stdout
 
 
 def test_the_printed_train_command_trains_through_the_users_hydra_config(project):
@@ -78,3 +96,5 @@ def test_the_printed_train_command_trains_through_the_users_hydra_config(project
     assert result.returncode == 0, result.stderr[-3000:]
     assert "held-out success: before" in result.stdout
     assert (run_dir / "metrics.jsonl").exists()
+    saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["env"]
+    assert saved["_target_"] == "capitals.CapitalsEnv" and saved["id"] is None  # the env that ran

@@ -23,14 +23,14 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
     """A zero-argument function making one env of ``cfg.env``; one env is made (and closed) now
     so that a bad id, URL, class path or kwargs fails at start with the env's own message.
 
-    ``cfg.env`` picks the kind: ``url`` set -> ``RemoteEnv(url, id, **kwargs)`` (a ``turnrl
-    serve-env`` server); ``_target_`` set -> the class at that dotted path, ``cls(**kwargs)``;
+    ``cfg.env`` picks the kind: ``url`` set -> ``RemoteEnv(url, id, token_env=token_env,
+    **kwargs)`` (a ``turnrl serve-env`` server); ``_target_`` set -> the class at that dotted path, ``cls(**kwargs)``;
     else ``gymnasium.make(id, **kwargs)`` of a registered id. The agent's ``tool_parser`` is added
     to the kwargs unless they set it (for a ``_target_`` class only when its constructor takes a
     ``tool_parser`` or ``**kwargs``).
 
     Raises:
-        ValueError: When both ``url`` and ``_target_`` are set, the id is not registered, the
+        ValueError: When ``_target_`` is set with ``url`` or ``id``, the id is not registered, the
             class path cannot be imported or is not a ``gymnasium.Env`` subclass, or the env
             rejects the kwargs.
     """
@@ -39,6 +39,10 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
     if env_cfg.url and env_cfg._target_:
         raise ValueError(f"env.url={env_cfg.url!r} and env._target_={env_cfg._target_!r} are both set; "
                          "set one: url for a served env, _target_ for a local env class")
+    if env_cfg._target_ and env_cfg.id:  # else the saved run config would name an env that did not run
+        raise ValueError(f"env._target_={env_cfg._target_!r} and env.id={env_cfg.id!r} are both set; a run config "
+                         "names one env: use env=custom (or a config of your own without id) with env._target_, "
+                         "or add env.id=null")
     if env_cfg.url:
         from turnrl.envs.remote import RemoteEnv
 
@@ -46,11 +50,11 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
             raise ValueError(f"env.url must be the http(s) URL of a `turnrl serve-env` server, e.g. "
                              f"env.url=http://127.0.0.1:8000; got {env_cfg.url!r}")
 
-        url, env_id = env_cfg.url, env_cfg.id
+        url, env_id, token_env = env_cfg.url, env_cfg.id, env_cfg.token_env
         kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
 
         def make() -> gymnasium.Env:
-            return RemoteEnv(url, env_id, **kwargs)
+            return RemoteEnv(url, env_id, token_env=token_env, **kwargs)
     elif env_cfg._target_:
         cls = _env_class(env_cfg._target_)
         params = inspect.signature(cls).parameters.values()

@@ -1,11 +1,13 @@
 """The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
-``serve-env <env-id>`` and ``serve-policy --path CHECKPOINT``.
+``serve-env <env-id>``, ``serve-policy --path CHECKPOINT`` and ``build-docker-image`` (the
+docker executor's default image, built locally).
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
 Exit codes: 0 success (every check passed; ``serve-env`` stopped by SIGINT/SIGTERM), 1 a
 check failed (or ``serve-env`` could not bind its address), 2 a usage error (bad arguments,
-an unknown env id, or kwargs the env rejects).
+an unknown env id, kwargs the env rejects, or a server without a token on an address other
+than loopback: see ``--token-env``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tqdm import tqdm
 from turnrl.envs import check, registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
 from turnrl.envs.check import UnknownEnvError
+from turnrl.http_json import DEFAULT_TOKEN_ENV, server_token
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -46,10 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check_env = commands.add_parser(
-        "check-env", help="run the env-author checks on a registered env",
-        description="Run turnrl.envs.check on a registered env and print the report.",
+        "check-env", help="run the env-author checks on a registered env or an env class of your own",
+        description="Run turnrl.envs.check on an env and print the report.",
     )
-    check_env.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs)")
+    check_env.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs), or an env "
+                                          "of your own: module:ClassName (e.g. capitals:CapitalsEnv, run from "
+                                          "its folder) or module:env-id (the module registers the id)")
     check_env.add_argument("--seeds", type=_positive_int, default=50,
                            help="seeds per split for the expert check (default 50)")
     check_env.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
@@ -84,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="close sessions idle this long (default 600)")
     serve.add_argument("--max-sessions", type=_positive_int, default=1024,
                        help="most sessions open at once (default 1024)")
+    _token_env_argument(serve)
     serve.set_defaults(run=_serve_env)
 
     policy = commands.add_parser(
@@ -103,10 +109,32 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--batch-window-ms", type=float, default=5.0,
                         help="how long to gather concurrent requests into one batch (default 5)")
     policy.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
-    policy.add_argument("--api-key-env", default=None, metavar="VAR",
-                        help="require the API key held in this environment variable (default: no key)")
+    _token_env_argument(policy, "--api-key-env")
     policy.set_defaults(run=_serve_policy)
+
+    image = commands.add_parser(
+        "build-docker-image", help="build the docker executor's default image locally (no registry needed)",
+        description="Build turnrl-sandbox:bookworm (minbase Debian with python3, by debootstrap, as root) and "
+                    "import it into the engine at $DOCKER_HOST (default: the local socket). Skipped when the "
+                    "engine has it; the root filesystem is cached, so a rebuild only imports it.",
+    )
+    image.add_argument("--image", default=None, help="name:tag to create (default: the executor's default image)")
+    image.add_argument("--include", action="append", default=[], metavar="PACKAGE",
+                       help="an extra Debian package for the image, repeatable (e.g. python3-numpy)")
+    image.add_argument("--suite", default=None, help="Debian release (default bookworm)")
+    image.add_argument("--mirror", default=None, help="Debian mirror (default http://deb.debian.org/debian)")
+    image.add_argument("--force", action="store_true", help="build and import even if the engine has the image")
+    image.set_defaults(run=_build_docker_image)
     return parser
+
+
+def _token_env_argument(parser: argparse.ArgumentParser, *aliases: str) -> None:
+    """``--token-env VAR``: the environment variable holding the server's bearer token (never
+    the token itself, which must not show in a command line or a process list)."""
+    parser.add_argument("--token-env", *aliases, dest="token_env", default=None, metavar="VAR",
+                        help="environment variable holding the bearer token clients must send (default "
+                             f"{DEFAULT_TOKEN_ENV}, used when set); a token is required unless --host is "
+                             "loopback (127.0.0.1, ::1, localhost)")
 
 
 def _check_env(args: argparse.Namespace) -> int:
@@ -142,7 +170,8 @@ def _serve_env(args: argparse.Namespace) -> int:
 
     try:
         server = EnvServer(args.env_id, dict(args.kwarg), host=args.host, port=args.port,
-                           session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
+                           session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
+                           token=server_token(args.token_env, args.host))
     except ValueError as e:
         print(f"turnrl serve-env: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -156,6 +185,11 @@ def _serve_policy(args: argparse.Namespace) -> int:
         print(f"turnrl serve-policy: error: {args.path!r} holds no config.json: not a checkpoint saved with "
               "save_pretrained (a model and its tokenizer)", file=sys.stderr)
         return EXIT_USAGE
+    try:  # before loading the model: a refused start is quick
+        api_key = server_token(args.token_env, args.host)
+    except ValueError as e:
+        print(f"turnrl serve-policy: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     import torch
 
     from turnrl.agents.model import load_pretrained
@@ -163,13 +197,6 @@ def _serve_policy(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    api_key = None
-    if args.api_key_env is not None:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            print(f"turnrl serve-policy: error: --api-key-env {args.api_key_env} names an unset or empty variable",
-                  file=sys.stderr)
-            return EXIT_USAGE
     try:
         model, tokenizer = load_pretrained(args.path, dtype=args.dtype)
         server = PolicyServer(model.to(args.device).eval(), tokenizer, host=args.host, port=args.port,
@@ -198,6 +225,22 @@ def _serve_until_signalled(server, command: str, args: argparse.Namespace, banne
             pass
     finally:
         server.stop()
+    return EXIT_OK
+
+
+def _build_docker_image(args: argparse.Namespace) -> int:
+    """Exit 0 when the engine has the image (built now or before), 1 when it cannot be built."""
+    from turnrl.tools.executors import docker_image
+    from turnrl.tools.executors.docker import DockerUnavailable, connect
+
+    try:
+        client = connect()  # first: no engine should fail before a minute of debootstrap
+        docker_image.build_image(client, args.image or docker_image.DEFAULT_IMAGE, packages=args.include,
+                                 suite=args.suite or docker_image.DEFAULT_SUITE, force=args.force,
+                                 mirror=args.mirror or docker_image.DEFAULT_MIRROR)
+    except (DockerUnavailable, docker_image.ImageBuildError) as e:
+        print(f"turnrl build-docker-image: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -139,11 +139,20 @@ def test_the_envs_own_message_on_bad_kwargs_and_url_excludes_target(user_module)
         env_factory(cfg)
 
 
+def test_target_with_a_registered_id_is_refused_so_the_saved_config_cannot_lie(user_module):
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=[f"env._target_={MODULE}.EchoEnv"]))
+    assert cfg.env.id == "turnrl/GuessNumber-v0"  # env=guess_number, the default group, set it
+    with pytest.raises(ValueError, match=r"env\._target_='turnrl_test_user_envs\.EchoEnv' and "
+                                         r"env\.id='turnrl/GuessNumber-v0' are both set; .*env=custom"):
+        env_factory(cfg)
+
+
 def test_hydra_env_custom_composes_and_requires_a_target(user_module):
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=[
             "env=custom", f"env._target_={MODULE}.EchoEnv", "+env.kwargs.size=3"]))
-        assert cfg.env._target_ == f"{MODULE}.EchoEnv" and cfg.env.kwargs == {"size": 3}
+        assert cfg.env._target_ == f"{MODULE}.EchoEnv" and cfg.env.kwargs == {"size": 3} and cfg.env.id is None
         assert env_factory(cfg)().size == 3
         bare = OmegaConf.to_object(compose(config_name="config", overrides=["env=custom"]))
     with pytest.raises(ValueError, match=r"env\._target_='<set env\._target_=package\.module\.ClassName>'"):
@@ -161,4 +170,6 @@ def test_train_runs_a_target_env_from_pythonpath(user_module, tmp_path):
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": pythonpath})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert (tmp_path / "metrics.jsonl").read_text().count('"kind": "train"') == 2
+    saved = OmegaConf.load(tmp_path / ".hydra" / "config.yaml").env  # names the env that ran, not a default id
+    assert saved._target_ == f"{MODULE}.EchoEnv" and saved.id is None and saved.kwargs == {"size": 8}
     assert "held-out success: before " in (tmp_path / "summary.txt").read_text()

@@ -12,12 +12,15 @@ from hydra.core.config_store import ConfigStore
 @dataclass
 class EnvConfig:
     # gymnasium id of a registered turnrl env (see turnrl.envs.registered_env_ids()); with url, the
-    # id the server must serve; ignored when _target_ is set
-    id: str = "turnrl/GuessNumber-v0"
+    # id the server must serve; unset (null) with _target_, so the saved config names the env run
+    id: Optional[str] = None
     # keyword arguments of the env's constructor (e.g. max_turns, n); with url, sent to the server
     kwargs: dict[str, Any] = field(default_factory=dict)
     # URL of a `turnrl serve-env` server (e.g. http://127.0.0.1:8000): the env is a RemoteEnv of it
     url: Optional[str] = None
+    # with url: the environment variable holding the server's bearer token (the name, never the
+    # token, so no saved config holds it); unset or empty: none is sent; null: never
+    token_env: Optional[str] = "TURNRL_SERVER_TOKEN"
     # dotted path package.module.ClassName of a gymnasium.Env class, made with kwargs (need not be
     # registered; its module must be importable, e.g. on PYTHONPATH); excludes url
     _target_: Optional[str] = None

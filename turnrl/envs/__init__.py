@@ -1,4 +1,5 @@
-"""Multi-turn chat environments; importing this package registers them with gymnasium.
+"""Multi-turn chat environments. ``import turnrl`` (which any ``turnrl.*`` import runs first)
+registers them with gymnasium.
 
 Built-in ids (``registered_env_ids()``; ``python -m turnrl list-envs``):
 
@@ -27,8 +28,6 @@ from turnrl.envs.registration import register_envs, registered_env_ids
 from turnrl.envs.retrieval_qa import RetrievalQAEnv
 from turnrl.envs.sokoban import SokobanEnv
 from turnrl.envs.wordle import WordleEnv
-
-register_envs()
 
 __all__ = [
     "CalcMathEnv",

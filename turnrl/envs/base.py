@@ -23,6 +23,18 @@ taken so far), ``split``. After ``step`` also: ``success`` (bool, final when the
 episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
 (bool), ``tool_calls`` (int), ``tool_errors`` (int).
 
+Tools: ``tools`` (a class attribute, or set on the instance before or after
+``super().__init__()``) lists ``Tool`` objects; ``@tool`` methods of the class are tools too,
+bound to the env, so they can read the current episode (``self.task``). ``tools_prompt()`` is
+the text that describes them and shows a call in the format of the env's ``tool_parser``
+(``example_call()`` is the call it shows): put it in the opening messages, never a hand-written
+format. A turn whose calls the parser finds malformed (broken markup or JSON), or that holds
+calls of the env's tools in another registered format (``turnrl.tools.other_formats``), is
+``malformed``: nothing runs, and the model is told what was wrong and shown a well-formed call
+(``_parse_feedback``, which an env may override), before the messages of ``_on_turn`` (which
+still sees the turn). The first reset warns when the opening messages show calls of the env's
+tools in another format only.
+
 Tool execution: each tool runs on an executor (``turnrl.tools.executors``): the tool's own
 ``Tool.executor`` kind unless the ``executors`` kwarg overrides it, built with
 ``executor_options[kind]`` and shared process-wide (``get_executor``). All calls of one turn
@@ -37,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+import warnings
 from abc import abstractmethod
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -46,15 +59,30 @@ import gymnasium
 import numpy as np
 
 from turnrl.envs.messages import Message, action_space, observation_space, to_observation
-from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, check_call, get_parser, tool_map
+from turnrl.tools import (
+    ParseResult,
+    Tool,
+    ToolCall,
+    ToolResult,
+    bind_tools,
+    check_call,
+    example_call,
+    format_call,
+    get_parser,
+    other_formats,
+    tool_map,
+    tools_prompt,
+)
 from turnrl.tools.executors import EXECUTORS, Executor, get_executor, run_sync
 
-__all__ = ["Message", "MultiTurnEnv", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
+__all__ = ["Message", "MultiTurnEnv", "PARSE_ERROR_PREFIX", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
 
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")
 WEAK_EXPERT_PROB = 0.5
 """Probability that the default ``weak_expert_action`` plays the expert's move."""
+PARSE_ERROR_PREFIX = "Error: could not parse your tool call: "
+"""How the default ``_parse_feedback`` message starts."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +120,12 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
 
     Raises:
         ValueError: On an unknown tool name or executor kind (the message lists the valid ones).
+        TypeError: If ``tools`` holds something that is not a tool.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     tools: tuple[Tool, ...] = ()
+    """The env's tools; assigning it (at any time) also adds the class's ``@tool`` methods."""
     default_max_turns: ClassVar[int] = 4
 
     def __init__(self, *, tool_parser: str = "hermes", max_turns: int | None = None,
@@ -107,8 +137,9 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         self.max_turns = int(max_turns)
         self.tool_parser = tool_parser
         self._parse = get_parser(tool_parser)
-        self._tools_by_name = tool_map(self.tools)
-        self._executors = self._resolve_executors(executors, executor_options)
+        self._executor_config = (dict(executors or {}), dict(executor_options or {}))
+        self.tools = self.tools  # the class's (or an earlier assignment's) tools, bound; builds the tool table
+        self._prompt_checked = False
         self._session_prefix = f"{type(self).__name__}-{uuid.uuid4().hex[:12]}"
         self._episodes = itertools.count()
         self._session: str | None = None
@@ -119,6 +150,17 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         self._turn = 0
         self._done = False
         self._success = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tools":  # bind @tool methods; once __init__ has run, rebuild the tool table too
+            value = bind_tools(value, self)
+            if "_executor_config" in self.__dict__:
+                by_name = tool_map(value)
+                executors = self._resolve_executors(by_name, *self._executor_config)
+                self._tools_by_name, self._executors = by_name, executors
+            super().__setattr__(name, value)
+            return
+        super().__setattr__(name, value)
 
     # ----------------------------------------------------------------- hooks
     @abstractmethod
@@ -153,6 +195,34 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         """
         raise NotImplementedError(f"{type(self).__name__} does not define random_action(rng)")
 
+    def example_call(self) -> ToolCall:
+        """The call that ``tools_prompt()`` and the malformed-call feedback show. By default the
+        first tool with placeholder arguments (``turnrl.tools.example_call``); override it to
+        show a meaningful call. Raises ValueError when the env has no tools."""
+        if not self.tools:
+            raise ValueError(f"{type(self).__name__} has no tools, so there is no call to show")
+        return example_call(self.tools[0])
+
+    def tools_prompt(self) -> str:
+        """The tools' schemas and ``example_call()`` written in this env's ``tool_parser`` format
+        (``turnrl.tools.tools_prompt``): put it in the opening messages of an env with tools."""
+        return tools_prompt(self.tools, self.tool_parser, self.example_call())
+
+    def _parse_feedback(self, parse: ParseResult) -> list[Message]:
+        """The messages the model gets about how its calls were written, before ``_on_turn``'s.
+
+        Default: for a ``malformed`` parse, one user message saying what was wrong
+        (``PARSE_ERROR_PREFIX`` + the parser's reason) and showing a well-formed call
+        (``example_call()``), or saying that the task has no tools; nothing otherwise.
+        """
+        if parse.status != "malformed":
+            return []
+        if not self.tools:
+            how = " No tools are available in this task."
+        else:
+            how = f"\nWrite a call like this:\n{format_call(self.example_call(), self.tool_parser)}"
+        return [{"role": "user", "content": f"{PARSE_ERROR_PREFIX}{parse.error}.{how}"}]
+
     def weak_expert_action(self, rng: np.random.Generator) -> str:
         """A warm-start player: the expert's move with p=``WEAK_EXPERT_PROB``, else ``random_action``.
 
@@ -184,14 +254,18 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         self._session = f"{self._session_prefix}-{next(self._episodes)}"
         self._task = self._new_task(self.np_random, split)
         self._turn, self._done, self._success = 0, False, False
-        return to_observation(self._start_episode(self._task)), self._info()
+        messages = self._start_episode(self._task)
+        if not self._prompt_checked:
+            self._prompt_checked = True
+            self._warn_on_foreign_prompt(messages)
+        return to_observation(messages), self._info()
 
     def step(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
         """Play one assistant turn; returns ``(obs, reward, terminated, truncated, info)``."""
         self._require_active("step()")
         if not isinstance(action, str):
             raise TypeError(f"action must be the assistant turn as str, got {type(action).__name__}")
-        parse = self._parse(action)
+        parse = self._read_calls(action)
         results = self._execute(parse.calls)
         outcome = self._on_turn(action, parse, results)
         self._turn += 1
@@ -199,7 +273,8 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         terminated = bool(outcome.terminated)
         truncated = not terminated and self._turn >= self.max_turns
         self._done = terminated or truncated
-        messages = [{"role": "tool", "content": r.content} for r in results] + list(outcome.messages)
+        messages = ([{"role": "tool", "content": r.content} for r in results] + self._parse_feedback(parse)
+                    + list(outcome.messages))
         info = self._info(
             success=self._success,
             parse_status=parse.status,
@@ -234,14 +309,44 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         return self._executors[tool_name]
 
     # ------------------------------------------------------------- tool calls
-    def _resolve_executors(self, executors: Mapping[str, str] | None,
+    def _read_calls(self, action: str) -> ParseResult:
+        """The parse of ``action``; a turn without calls in the env's format but with calls of its
+        tools in another format is ``malformed`` (the env cannot read them; the model is told)."""
+        parse = self._parse(action)
+        if parse.status != "absent" or not self._tools_by_name:
+            return parse
+        others = other_formats(action, self.tool_parser, self._tools_by_name)
+        if not others:
+            return parse
+        return ParseResult("malformed", (), parse.content, (
+            f"the call is written in the {' / '.join(others)} format, but this task reads calls in the "
+            f"{self.tool_parser} format"))
+
+    def _warn_on_foreign_prompt(self, messages: list[Message]) -> None:
+        """Warn when the opening messages show calls of the env's tools in other formats only: a
+        model that follows them writes calls this env's parser cannot read."""
+        text = "\n".join(str(m.get("content", "")) for m in messages)
+        if not self._tools_by_name or self._parse(text).status == "ok":
+            return
+        others = other_formats(text, self.tool_parser, self._tools_by_name)
+        if others:
+            warnings.warn(
+                f"{type(self).__name__}'s opening messages show tool calls in the {' / '.join(others)} format, but "
+                f"it parses calls with tool_parser={self.tool_parser!r}: a model that follows the prompt writes "
+                "calls the env cannot read. Describe the tools with self.tools_prompt() (and write the expert's "
+                "calls with format_call(call, self.tool_parser)) instead of a hand-written format.",
+                UserWarning, stacklevel=3)
+
+    @staticmethod
+    def _resolve_executors(tools: Mapping[str, Tool], executors: Mapping[str, str] | None,
                            options: Mapping[str, Mapping] | None) -> dict[str, Executor]:
+        """Tool name -> the executor that runs it (``executors`` overrides, built with ``options``)."""
         executors, options = dict(executors or {}), dict(options or {})
-        unknown_tools = sorted(set(executors) - set(self._tools_by_name))
+        unknown_tools = sorted(set(executors) - set(tools))
         if unknown_tools:
             raise ValueError(f"executors names unknown tools {unknown_tools}; "
-                             f"this env's tools: {sorted(self._tools_by_name)}")
-        kinds = {name: executors.get(name, t.executor) for name, t in self._tools_by_name.items()}
+                             f"this env's tools: {sorted(tools)}")
+        kinds = {name: executors.get(name, t.executor) for name, t in tools.items()}
         unknown_kinds = sorted({k for k in [*kinds.values(), *options] if k not in EXECUTORS})
         if unknown_kinds:
             raise ValueError(f"unknown executor kind(s) {unknown_kinds}; valid executors: {EXECUTORS.names()}")

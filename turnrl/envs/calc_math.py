@@ -5,13 +5,16 @@ Description:
     ``+ - *``, integers in ``[2, max_operand]``), or the same problem told as a short story
     (``style="word"``, below). The intended solution takes ``num_ops + 1`` turns: one
     calculator call per operation, in standard precedence order (``a + b * c`` computes
-    ``b * c`` first), then the answer::
+    ``b * c`` first), then the answer; with ``tool_parser="hermes"``::
 
         <tool_call>
         {"name": "calculator", "arguments": {"expression": "37 * 24"}}
         </tool_call>
         ...
         Answer: 903
+
+    The system prompt describes the tool and shows a call in the format of the env's
+    ``tool_parser`` (``MultiTurnEnv.tools_prompt``), and the expert writes its calls in it.
 
     Word problems (``style="word"``): the user prompt tells the same ``Problem`` as a short
     story, e.g. ``"A shop has 37 boxes with 24 pens each. It sells 5 pens. How many pens
@@ -33,7 +36,8 @@ Action Space:
     ``Answer: <int>``.
 
 Observation Space:
-    * malformed tool call -> user message ``"Error: could not parse your tool call: <reason>"``;
+    * malformed tool call (or a calculator call in another format than ``tool_parser``'s) ->
+      user message ``"Error: could not parse your tool call: <reason>"`` and a well-formed call;
     * tool calls -> one ``tool`` message per call (result or ``"Error: ..."``); ``Answer:`` in
       such a turn is ignored;
     * neither a call nor an answer -> user message
@@ -71,7 +75,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import itertools
-import json
 import math
 import operator
 import re
@@ -83,13 +86,14 @@ import numpy as np
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.extract import first_int
-from turnrl.tools import ParseResult, ToolResult, calculator
+from turnrl.tools import ParseResult, ToolCall, ToolResult, calculator, format_call, tools_prompt
 
 OPS = MappingProxyType({"+": operator.add, "-": operator.sub, "*": operator.mul})
 TEST_BUCKETS, TEST_BUCKET = 5, 0
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 FORMAT_REMINDER = 'Call the calculator tool or reply "Answer: <number>".'
-PARSE_ERROR_PREFIX = "Error: could not parse your tool call: "
+EXAMPLE_CALL = ToolCall("calculator", {"expression": "37 * 24"})
+"""The call the system prompt and the malformed-call feedback show."""
 WEAK_FOLLOW_PROB, WEAK_EXACT_PROB = 0.35, 0.2
 MAX_DRAWS = 10_000
 STYLES: tuple[str, ...] = ("expression", "word")
@@ -274,14 +278,13 @@ def word_problem(problem: Problem) -> str:
     return told[zlib.crc32(f"word:{problem.text}".encode()) % len(told)]
 
 
-def system_prompt(style: str = "expression") -> str:
-    """The system message: the calculator schema and the call/answer formats."""
-    call = {"name": "calculator", "arguments": {"expression": "37 * 24"}}
+def system_prompt(style: str = "expression", tool_parser: str = "hermes") -> str:
+    """The system message: the calculator schema, a call in the ``tool_parser`` format and the
+    answer format."""
     task = "arithmetic word problems" if style == "word" else "arithmetic"
     return (
         f"You solve {task} with the calculator tool.\n"
-        f"Tool: {json.dumps(calculator.schema())}\n"
-        f"Call it like this:\n<tool_call>\n{json.dumps(call)}\n</tool_call>\n"
+        f"{tools_prompt((calculator,), tool_parser, EXAMPLE_CALL)}\n"
         "Use one call per operation. When you are done, reply: Answer: <number>"
     )
 
@@ -347,13 +350,13 @@ class CalcMathEnv(MultiTurnEnv):
     def _start_episode(self, task: Problem) -> list[Message]:
         self._plan, self._obtained = task.plan(), set()
         return [
-            {"role": "system", "content": system_prompt(self.style)},
+            {"role": "system", "content": system_prompt(self.style, self.tool_parser)},
             {"role": "user", "content": word_problem(task) if self.style == "word" else f"Compute {task.text}."},
         ]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
-        if parse.status == "malformed":
-            return TurnOutcome(messages=({"role": "user", "content": PARSE_ERROR_PREFIX + str(parse.error)},))
+        if parse.status == "malformed":  # the base class tells the model what was wrong
+            return TurnOutcome()
         if parse.calls:
             for result in tool_results:
                 value = first_int(result.content) if result.ok and result.call.name == "calculator" else None
@@ -369,6 +372,10 @@ class CalcMathEnv(MultiTurnEnv):
     def _state_key(self) -> tuple[int, ...]:
         return tuple(s.value for s in self._plan if s.value in self._obtained)
 
+    def example_call(self) -> ToolCall:
+        """``EXAMPLE_CALL``: a calculator call on two operands."""
+        return EXAMPLE_CALL
+
     # --------------------------------------------------------------- players
     def expert_action(self) -> str:
         """Call the calculator on the next unobtained plan step, or give the answer."""
@@ -377,8 +384,7 @@ class CalcMathEnv(MultiTurnEnv):
         pending = [s for s in self._plan if s.value not in self._obtained]
         if final.value in self._obtained or not pending:
             return f"Answer: {final.value}"
-        call = {"name": "calculator", "arguments": {"expression": pending[0].expression}}
-        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return format_call(ToolCall("calculator", {"expression": pending[0].expression}), self.tool_parser)
 
     def random_action(self, rng: np.random.Generator) -> str:
         """A random answer: a uniform integer between the smallest and largest value any

@@ -5,16 +5,23 @@ Checks, in order (``CHECK_NAMES``):
 * ``gymnasium_check_env``: gymnasium's own env checker passes (its warnings become notes).
 * ``seed_determinism``: the same seed and split give the same expert episode twice.
 * ``tool_schemas``: every tool's ``schema()`` is a valid function schema; names are unique.
+* ``call_format``: the opening messages of an env with tools show a call its ``tool_parser``
+  reads, and never calls of its tools in another format only.
 * ``expert_solves``: the expert succeeds on every checked seed of every split.
 * ``splits_disjoint``: no task_id is drawn from both the train and the test split.
 * ``chat_roundtrip``: expert episodes render token-exactly with the chat template.
 
 A failing check never raises: it is recorded with its reason and a hint on what to fix, and
 an exception inside a check is reported with its type, message and where it was raised.
+
+An env is named by a registered id, ``module:env-id`` (the module is imported first, as
+``gymnasium.make`` does, so it can register its ids) or ``module:ClassName`` (an env class that
+need not be registered), or given as an object.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import traceback
@@ -29,11 +36,14 @@ from gymnasium.utils.env_checker import data_equivalence
 
 from turnrl.envs.base import SPLITS
 from turnrl.envs.registration import NAMESPACE, registered_env_ids
+from turnrl.tools import get_parser, other_formats
 
 __all__ = ["CHECK_NAMES", "CheckReport", "CheckResult", "UnknownEnvError", "check"]
 
 DETERMINISM_SEEDS = 5
 """Seeds (per split) whose episodes are played twice by ``seed_determinism``."""
+FORMAT_SEEDS = 5
+"""Seeds (per split) whose opening messages ``call_format`` reads."""
 DISJOINT_SEEDS = 200
 """Resets per split whose task_ids ``splits_disjoint`` compares (at least ``seeds``)."""
 CORPUS_SEEDS = 20
@@ -50,7 +60,8 @@ SHOWN_ITEMS = 10
 
 
 class UnknownEnvError(ValueError):
-    """``check`` was given an env id that gymnasium has not registered."""
+    """``check`` was given an env name it cannot resolve: an unregistered id, a module that does
+    not import, or a ``module:name`` whose name is neither a registered id nor an env class."""
 
 
 class CheckFailure(Exception):
@@ -128,35 +139,34 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
     """Run every check on an env and report; failing checks are recorded, never raised.
 
     Args:
-        env_id_or_env: A registered gymnasium id (built with ``gymnasium.make(id, **env_kwargs)``)
-            or an env object (wrapped or not). Its unwrapped env should be a ``MultiTurnEnv``;
+        env_id_or_env: A registered gymnasium id (built with ``gymnasium.make(id, **env_kwargs)``),
+            ``module:env-id``, ``module:ClassName`` (built with ``ClassName(**env_kwargs)``), or an
+            env object (wrapped or not). Its unwrapped env should be a ``MultiTurnEnv``;
             anything it lacks shows up as failed checks. The env is reset many times (an
             episode in progress is lost).
         seeds: Seeds ``0..seeds-1`` per split for ``expert_solves`` (the other seeded checks
             use ``min(seeds, their own default)``; ``splits_disjoint`` uses at least ``seeds``).
-        env_kwargs: Keyword arguments for ``gymnasium.make``; only with an env id.
+        env_kwargs: Keyword arguments for the env's constructor; only with an env name.
 
     Returns:
         A ``CheckReport`` with one ``CheckResult`` per check in ``CHECK_NAMES`` order, or a
         single failed ``make_env`` result when the env could not be constructed.
 
     Raises:
-        UnknownEnvError: If the id is not registered (the message lists the turnrl ids).
+        UnknownEnvError: If the name cannot be resolved (the message says why and lists the
+            turnrl ids).
         ValueError: If ``seeds`` is not a positive int, or ``env_kwargs`` comes with an env object.
     """
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ValueError(f"seeds must be a positive int, got {seeds!r}")
     if isinstance(env_id_or_env, str):
         env_id = env_id_or_env
-        if env_id not in gymnasium.registry:
-            raise UnknownEnvError(
-                f"unknown env id {env_id!r}; registered {NAMESPACE} ids: {', '.join(registered_env_ids())}"
-            )
+        make, what = _resolve(env_id)
         try:
-            env = gymnasium.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+            env = make(**(env_kwargs or {}))
         except Exception as e:
             return CheckReport(env_id, [CheckResult(
-                "make_env", False, f"gymnasium.make({env_id!r}, **{env_kwargs or {}}) {_describe(e)}; "
+                "make_env", False, f"{what}(**{env_kwargs or {}}) {_describe(e)}; "
                 "no other check was run",
                 fix="make the constructor accept these kwargs (or pass valid ones) and construct without errors",
             )], seeds)
@@ -167,6 +177,30 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         spec = getattr(env, "spec", None)
         env_id = spec.id if spec is not None else type(env.unwrapped).__name__
     return CheckReport(env_id, [_run(c, env, seeds) for c in CHECKS], seeds)
+
+
+def _resolve(name: str) -> tuple[Callable[..., gymnasium.Env], str]:
+    """How to build the env ``name`` names (a registered id, ``module:env-id`` or
+    ``module:ClassName``): a constructor taking the env kwargs, and how a report says it."""
+    hint = (f"registered {NAMESPACE} ids: {', '.join(registered_env_ids())}; an env of your own: "
+            "module:ClassName or module:env-id (run from the module's folder or put it on PYTHONPATH)")
+    env_id = name
+    if name not in gymnasium.registry and ":" in name:
+        module_name, _, env_id = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise UnknownEnvError(f"cannot import module {module_name!r} of {name!r} ({type(e).__name__}: {e}); "
+                                  f"{hint}") from e
+        cls = getattr(module, env_id, None)
+        if isinstance(cls, type) and issubclass(cls, gymnasium.Env):
+            return cls, f"{module_name}.{env_id}"
+        if env_id not in gymnasium.registry:
+            raise UnknownEnvError(f"{name!r}: module {module_name!r} has no env class named {env_id!r} and "
+                                  f"registers no env id {env_id!r}; {hint}")
+    if env_id not in gymnasium.registry:
+        raise UnknownEnvError(f"unknown env id {env_id!r}; {hint}")
+    return (lambda **kwargs: gymnasium.make(env_id, disable_env_checker=True, **kwargs)), f"gymnasium.make({env_id!r})"
 
 
 # ------------------------------------------------------------------ running
@@ -359,6 +393,32 @@ def _check_expert_solves(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str
     return f"the expert solved all {seeds} seeds of {', '.join(splits)}", ()
 
 
+def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
+    names = {t.name for t in getattr(env.unwrapped, "tools", ())}
+    if not names:
+        return "the env has no tools", ()
+    n, splits = min(seeds, FORMAT_SEEDS), _splits(env)
+    shown, foreign = 0, []
+    for split in splits:
+        for seed in range(n):
+            observation, _ = env.reset(seed=seed, options={"split": split})
+            parser = getattr(env.unwrapped, "tool_parser", None)  # after reset: a mixture's is its sub-env's
+            if parser is None:
+                return "skipped", ("the env has no tool_parser attribute; nothing to compare the prompt with",)
+            text = "\n".join(str(m.get("content", "")) for m in observation)
+            if get_parser(parser)(text).status == "ok":
+                shown += 1
+            elif other := other_formats(text, parser, names):
+                foreign.append(f"seed {seed} ({split}): the opening messages show calls in the {' / '.join(other)} "
+                               f"format, but the env parses tool_parser={parser!r}")
+    if foreign:
+        raise CheckFailure("a model that follows the prompt writes calls the env cannot read: " + "; ".join(foreign[:2]))
+    if not shown:
+        raise CheckFailure(f"no opening messages of {n} seeds x {len(splits)} splits show a tool call the env's "
+                           f"parser reads, so the model is not shown how to call {sorted(names)}")
+    return f"{shown} of {n * len(splits)} openings show a call in the env's tool_parser format", ()
+
+
 def _check_splits_disjoint(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
     splits = _splits(env)
     if len(splits) < 2:
@@ -424,6 +484,10 @@ CHECKS: tuple[_Check, ...] = (
     _Check("tool_schemas", _check_tool_schemas,
            "build tools with turnrl.tools.tool on a typed function with a Google docstring "
            "(summary + an Args entry per parameter), or correct the hand-written Tool fields named above"),
+    _Check("call_format", _check_call_format,
+           "describe the tools with self.tools_prompt() in the opening messages (it shows a call in the env's "
+           "tool_parser format; override example_call() for a meaningful one), and write the expert's calls with "
+           "format_call(call, self.tool_parser)"),
     _Check("expert_solves", _check_expert_solves,
            "make expert_action() solve every task within max_turns (replay a failing seed with env.reset("
            "seed=..., options={'split': ...}) and step the expert), or fix the success judgement in _on_turn"),

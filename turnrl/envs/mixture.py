@@ -206,6 +206,11 @@ class MixtureEnv(gymnasium.Env[tuple, str]):
         return int(getattr(self.current.unwrapped, "max_turns"))
 
     @property
+    def tool_parser(self) -> str | None:
+        """The current sub-env's tool-call format (None before the first reset)."""
+        return None if self._index is None else getattr(self.current.unwrapped, "tool_parser", None)
+
+    @property
     def task(self) -> Any:
         """The current sub-env's task (None before the first reset)."""
         return None if self._index is None else getattr(self.current.unwrapped, "task", None)

@@ -21,8 +21,9 @@ Observation Space:
       loaded, then ``"Fix the function and submit it again in a ```python block."``;
     * after a submission that passes every example: ``"All 3 example tests passed. Hidden
       tests: k of n passed."`` (the episode ends);
-    * ``"Error: could not parse your tool call: ..."`` for a malformed call; a reminder of the
-      submission format when the turn has neither a call nor a python block.
+    * ``"Error: could not parse your tool call: ..."`` and a well-formed call for a malformed
+      call (or a ``run_python`` call in another format than ``tool_parser``'s); a reminder of
+      the submission format when the turn has neither a call nor a python block.
 
 Rewards:
     1.0 on the final turn when the accepted submission passes every hidden test (they include
@@ -76,7 +77,18 @@ import numpy as np
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.python_problems import Problem, all_problems, call_text
-from turnrl.tools import ParseResult, Program, RunResult, Tool, ToolCall, ToolResult, format_call, run_python, run_sync
+from turnrl.tools import (
+    ParseResult,
+    Program,
+    RunResult,
+    Tool,
+    ToolCall,
+    ToolResult,
+    format_call,
+    run_python,
+    run_sync,
+    tools_prompt,
+)
 
 __all__ = ["PythonCodingEnv", "grade_program", "extract_submission"]
 
@@ -84,7 +96,8 @@ TEST_BUCKETS, TEST_BUCKET = 5, 2
 WEAK_FIRST_PROB, WEAK_RETRY_PROB = 0.2, 0.3
 RESULT_MARK = "@@turnrl-result@@"
 SUBMISSION = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
-PARSE_ERROR_PREFIX = "Error: could not parse your tool call: "
+EXAMPLE_CALL = ToolCall("run_python", {"code": "print(sum(range(10)))"})
+"""The call the system prompt and the malformed-call feedback show."""
 FORMAT_REMINDER = "Run code with the run_python tool, or submit the complete function in one ```python block."
 RETRY = "Fix the function and submit it again in a ```python block."
 SHOWN_VALUE = 120
@@ -216,12 +229,10 @@ def judge_output(problem: Problem, stdout: str, stopped: str = "") -> Grade:
 
 
 def system_prompt(tool_parser: str) -> str:
-    """The system message: the tool, how to call it, and how to submit."""
-    example = format_call(ToolCall("run_python", {"code": "print(sum(range(10)))"}), tool_parser)
+    """The system message: the tool, a call in the ``tool_parser`` format, and how to submit."""
     return (
         "You write Python functions. You may run code in a sandbox with the run_python tool.\n"
-        f"Tool: {json.dumps(run_python.schema())}\n"
-        f"Call it like this:\n{example}\n"
+        f"{tools_prompt((run_python,), tool_parser, EXAMPLE_CALL)}\n"
         "When you are ready, submit the complete function in one ```python block, with no tool call in "
         "that turn. Each submission is checked on the example tests; the first one that passes them all "
         "is final and is graded on hidden tests."
@@ -278,8 +289,8 @@ class PythonCodingEnv(MultiTurnEnv):
         return [{"role": "system", "content": system_prompt(self.tool_parser)}, {"role": "user", "content": user}]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
-        if parse.status == "malformed":
-            return TurnOutcome(messages=(_user(PARSE_ERROR_PREFIX + str(parse.error)),))
+        if parse.status == "malformed":  # the base class tells the model what was wrong
+            return TurnOutcome()
         if parse.calls:
             self._ran_code = self._ran_code or any(r.ok and r.call.name == "run_python" for r in tool_results)
             return TurnOutcome()
@@ -299,6 +310,10 @@ class PythonCodingEnv(MultiTurnEnv):
 
     def _state_key(self) -> tuple[int, str]:
         return (self._submissions, self._pattern)
+
+    def example_call(self) -> ToolCall:
+        """``EXAMPLE_CALL``: run a one-line program."""
+        return EXAMPLE_CALL
 
     # --------------------------------------------------------------- grading
     def grade(self, code: str) -> Grade:

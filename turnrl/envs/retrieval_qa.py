@@ -20,7 +20,8 @@ Action Space:
 Observation Space:
     One ``tool`` message per call (result or ``"Error: ..."``). Turn rules:
 
-    * malformed tool call -> user message ``"Error: could not parse your tool call: <reason>"``;
+    * malformed tool call (or a call in another format than ``tool_parser``'s) -> user message
+      ``"Error: could not parse your tool call: <reason>"`` and a well-formed call;
     * tool calls -> their results; continue (an ``Answer:`` in such a turn is ignored);
     * otherwise the first ``Answer: <text>`` is final;
     * neither (or an empty answer) -> user message
@@ -68,7 +69,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import difflib
-import json
 import re
 import string
 import zlib
@@ -78,7 +78,7 @@ import numpy as np
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.corpus import CORPUS_SEED, RELATIONS, Entity, World, build_world
-from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, format_call, tool
+from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, format_call, tool, tools_prompt
 
 __all__ = ["Library", "Question", "RetrievalQAEnv", "is_correct", "make_question", "normalize_answer"]
 
@@ -88,7 +88,8 @@ MAX_K = 10
 CLOSE_MATCHES = 5
 ANSWER = re.compile(r"Answer:\s*([^\n]*)")
 FORMAT_REMINDER = 'Call search or open, or reply "Answer: <answer>".'
-PARSE_ERROR_PREFIX = "Error: could not parse your tool call: "
+EXAMPLE_CALL = ToolCall("search", {"query": "Zentrix"})
+"""The call the system prompt and the malformed-call feedback show."""
 WEAK_FOLLOW_PROB, WEAK_CORRECT_PROB = 0.7, 0.5
 MAX_DRAWS = 10_000
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -230,13 +231,10 @@ class Library:
 
 
 def system_prompt(tools: tuple[Tool, ...], tool_parser: str) -> str:
-    """The system message: the tool schemas and the call/answer formats."""
-    example = format_call(ToolCall("search", {"query": "Zentrix"}), tool_parser)
-    schemas = "\n".join(f"Tool: {json.dumps(t.schema())}" for t in tools)
+    """The system message: the tool schemas, a call in the ``tool_parser`` format and the answer format."""
     return (
         "You answer questions about a fictional world by reading its encyclopedia.\n"
-        f"{schemas}\n"
-        f"Call a tool like this:\n{example}\n"
+        f"{tools_prompt(tools, tool_parser, EXAMPLE_CALL)}\n"
         "Open documents by their exact title and follow the facts from one document to the next.\n"
         "When you know the answer, reply: Answer: <answer>"
     )
@@ -305,8 +303,8 @@ class RetrievalQAEnv(MultiTurnEnv):
         return [{"role": "system", "content": self._system_prompt}, {"role": "user", "content": task.text}]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
-        if parse.status == "malformed":
-            return TurnOutcome(messages=({"role": "user", "content": PARSE_ERROR_PREFIX + str(parse.error)},))
+        if parse.status == "malformed":  # the base class tells the model what was wrong
+            return TurnOutcome()
         if parse.calls:
             for result in tool_results:
                 if not result.ok:
@@ -324,6 +322,10 @@ class RetrievalQAEnv(MultiTurnEnv):
 
     def _state_key(self) -> tuple[int, ...]:
         return tuple(i for i, title in enumerate(self._task.chain) if title in self._opened)
+
+    def example_call(self) -> ToolCall:
+        """``EXAMPLE_CALL``: a search for a name."""
+        return EXAMPLE_CALL
 
     # --------------------------------------------------------------- players
     def expert_action(self) -> str:

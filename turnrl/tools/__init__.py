@@ -9,10 +9,12 @@ from turnrl.tools.parsers import (
     ToolCall,
     format_call,
     get_parser,
+    other_formats,
     register_formatter,
     register_parser,
 )
-from turnrl.tools.tool import Tool, tool, tool_map
+from turnrl.tools.tool import Tool, ToolMethod, bind_tools, tool, tool_map
+from turnrl.tools.prompt import example_call, tools_prompt
 
 # Last: the executors and code tools import the modules above.
 from turnrl.tools.executors import EXECUTORS, Executor, Limits, Program, RunResult, get_executor, run_sync  # noqa: E402
@@ -30,13 +32,17 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolError",
+    "ToolMethod",
     "ToolResult",
+    "bind_tools",
     "calculator",
     "check_call",
+    "example_call",
     "execute_call",
     "format_call",
     "get_executor",
     "get_parser",
+    "other_formats",
     "register_formatter",
     "register_parser",
     "run_python",
@@ -44,4 +50,5 @@ __all__ = [
     "run_sync",
     "tool",
     "tool_map",
+    "tools_prompt",
 ]

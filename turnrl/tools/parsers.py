@@ -6,13 +6,15 @@ Register new formats with ``@register_parser("name")``, and the inverse, writing
 
 Formats: ``"hermes"`` (``<tool_call>{json}</tool_call>``), ``"json_fenced"`` (Markdown
 code blocks tagged ``json`` or ``tool_call``) and ``"xml"`` (``<tool>NAME</tool><args>{json}</args>``).
+``other_formats`` tells which other formats read calls from a text the chosen parser finds none
+in (a model, or a prompt, writing calls in a format the env does not read).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,6 +70,23 @@ def get_parser(name: str) -> Parser:
         KeyError: If ``name`` is unknown; the message lists the valid names.
     """
     return PARSERS.get(name)
+
+
+def other_formats(text: str, parser: str, tool_names: Collection[str]) -> list[str]:
+    """The registered formats other than ``parser`` that read well-formed calls of one of
+    ``tool_names`` in ``text`` (sorted; empty when none does).
+
+    A turn that ``parser`` finds no call in, but another format reads a call of a known tool
+    in, is a call written in the wrong format: the env cannot read it and says so.
+    """
+    found = []
+    for name in PARSERS.names():
+        if name == parser:
+            continue
+        parse = PARSERS[name](text)
+        if parse.status == "ok" and any(call.name in tool_names for call in parse.calls):
+            found.append(name)
+    return found
 
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -1,11 +1,12 @@
-"""The ``Tool`` value and the ``tool`` decorator that derives its JSON schema."""
+"""The ``Tool`` value and the ``tool`` decorator that derives its JSON schema (for functions and
+for methods of a class, ``ToolMethod``)."""
 
 from __future__ import annotations
 
 import inspect
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from turnrl.tools.docstring import parse_docstring
@@ -59,13 +60,18 @@ def tool(fn: Callable[..., Any] | None = None, *, executor: str = "inprocess") -
     not part of the signature). Usable as a decorator: ``@tool``, or
     ``@tool(executor="sandbox")`` for a code tool; also ``tool(fn, executor=...)``.
 
+    On a method in a class body (a function whose first parameter is ``self``) it returns a
+    ``ToolMethod``: ``instance.method`` is then the ``Tool`` bound to that instance, so the
+    tool can read the instance's state (an env's current task). A ``MultiTurnEnv`` offers
+    its ``@tool`` methods to the model with its other tools.
+
     Args:
-        fn: A plain function or bound method with a type hint on every parameter
-            (None when used as ``@tool(executor=...)``: a decorator is returned).
+        fn: A plain function, bound method or method with a type hint on every parameter
+            but ``self`` (None when used as ``@tool(executor=...)``: a decorator is returned).
         executor: The tool's default executor kind (``Tool.executor``).
 
     Returns:
-        The ``Tool`` named ``fn.__name__``.
+        The ``Tool`` named ``fn.__name__`` (a ``ToolMethod`` for a method in a class body).
 
     Raises:
         TypeError: If a parameter lacks a type hint, has an unsupported hint, is
@@ -80,6 +86,8 @@ def tool(fn: Callable[..., Any] | None = None, *, executor: str = "inprocess") -
     name = getattr(fn, "__name__", None)
     if not callable(fn) or not name:
         raise TypeError(f"tool() needs a named function or bound method, got {fn!r}")
+    if inspect.isfunction(fn) and next(iter(inspect.signature(fn).parameters), None) == "self":
+        return ToolMethod(tool(fn.__get__(_Unbound()), executor=executor))
     doc = parse_docstring(inspect.getdoc(fn))
     if not doc.summary:
         raise TypeError(f"tool {name!r}: add a docstring whose first paragraph describes the tool")
@@ -105,6 +113,35 @@ def tool(fn: Callable[..., Any] | None = None, *, executor: str = "inprocess") -
     return Tool(name=name, description=doc.summary, parameters=parameters, fn=fn, executor=executor)
 
 
+class _Unbound:
+    """Stands for the instance while a method's schema is derived (the method is not called)."""
+
+
+@dataclass(frozen=True)
+class ToolMethod:
+    """A ``@tool`` method in a class body: a descriptor whose value on an instance is the ``Tool``
+    bound to it (``env.lookup`` is a ``Tool`` calling ``lookup(env, ...)``); on the class it is
+    this object. The schema is derived, and checked, when the class is defined.
+
+    Attributes:
+        template: The tool, with ``fn`` bound to a placeholder instance (never called).
+    """
+
+    template: Tool
+
+    @property
+    def name(self) -> str:
+        """The tool's name (the method's)."""
+        return self.template.name
+
+    def bind(self, instance: Any) -> Tool:
+        """The tool calling the method on ``instance``."""
+        return replace(self.template, fn=self.template.fn.__func__.__get__(instance))
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else self.bind(instance)
+
+
 def _parameter_schema(
     fn_name: str, param: inspect.Parameter, hints: dict, docs: dict[str, str]
 ) -> tuple[dict, bool]:
@@ -125,6 +162,36 @@ def _parameter_schema(
     schema["description"] = docs[param.name]
     has_default = param.default is not inspect.Parameter.empty
     return schema, not (optional or has_default)
+
+
+def bind_tools(tools: Iterable[Tool | ToolMethod], instance: Any) -> tuple[Tool, ...]:
+    """``tools`` as ``Tool`` objects, each ``ToolMethod`` bound to ``instance``, followed by the
+    ``@tool`` methods of ``instance``'s class not listed (in definition order, base classes first;
+    a method a subclass redefines without ``@tool`` is not a tool).
+
+    Raises:
+        TypeError: If an item is neither a ``Tool`` nor a ``ToolMethod`` (the message says how
+            to make one).
+    """
+    if isinstance(tools, (Tool, ToolMethod, str)) or not isinstance(tools, Iterable):
+        raise TypeError(f"tools must be a tuple of tools, got {tools!r}; write tools = (my_tool,)")
+    bound: list[Tool] = []
+    for item in tools:
+        if isinstance(item, ToolMethod):
+            item = item.bind(instance)
+        if not isinstance(item, Tool):
+            raise TypeError(f"tools holds {item!r}, which is not a tool; decorate the function with @tool "
+                            "(from turnrl.tools import tool)")
+        bound.append(item)
+    methods: dict[str, ToolMethod] = {}
+    for klass in reversed(type(instance).__mro__):
+        for attr, value in vars(klass).items():
+            if isinstance(value, ToolMethod):
+                methods[attr] = value
+            else:
+                methods.pop(attr, None)
+    listed = {t.name for t in bound}
+    return (*bound, *(m.bind(instance) for m in methods.values() if m.name not in listed))
 
 
 def tool_map(tools: Iterable[Tool]) -> dict[str, Tool]:
