@@ -316,7 +316,8 @@ class SandboxExecutor(Executor):
     """Runs code tools (their fn returns a ``Program``) in a bubblewrap sandbox.
 
     Each session (episode) has its own files, kept between the calls of that session only and
-    deleted by ``close_session``/``close``. See the module docstring for what the sandbox
+    deleted by ``close_session``/``close``. Calls of one session that overlap in time each start
+    from the files as the last finished call left them, and the last to finish wins. See the module docstring for what the sandbox
     exposes, what it bounds and how.
 
     Args:
