@@ -21,7 +21,8 @@ from turnrl.agents.model import load_pretrained
 from turnrl.checkpoint import (CHECKPOINTS_DIR, TrainingState, checkpoint_steps, global_rng_state,
                                latest_checkpoint, read_checkpoint, resolve_resume, step_dir_name, write_checkpoint)
 from turnrl.conf.schema import Config
-from turnrl.trainer import _config_changes, train
+from turnrl.run import config_changes
+from turnrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("step_time", "rollout_time", "rollout_wait")  # wall-clock fields: the only ones allowed to differ
@@ -217,9 +218,9 @@ def test_config_changes_name_the_keys_that_differ():
     cfg = OmegaConf.to_object(OmegaConf.structured(Config))
     saved = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     cfg.trainer.resume, cfg.trainer.progress = "true", False
-    assert _config_changes(saved, cfg) == []
+    assert config_changes(saved, cfg) == []
     cfg.trainer.lr, cfg.env.kwargs = 1e-3, {"n": 8}
-    assert _config_changes(saved, cfg) == ["env.kwargs.n", "trainer.lr"]
+    assert config_changes(saved, cfg) == ["env.kwargs.n", "trainer.lr"]
 
 
 def test_bad_checkpoint_settings_fail_at_start_naming_the_setting(tmp_path):

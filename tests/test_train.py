@@ -53,8 +53,9 @@ def test_grpo_run_moves_every_parameter_and_leaves_its_outputs(tmp_path, env_id,
 
     # what a run leaves behind
     for name in ("metrics.jsonl", "curves.png", "summary.txt", "checkpoint/config.json",
-                 "checkpoint/trainer_state.pt", "checkpoint/tokenizer.json"):
+                 "checkpoint/model.safetensors", "checkpoint/tokenizer.json"):
         assert (tmp_path / name).exists(), name
+    assert not (tmp_path / "checkpoint" / "trainer_state.pt").exists()  # resumable state is in checkpoints/
     assert list((tmp_path / "tb").iterdir()), "no TensorBoard events written"
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_rows = [row for row in lines if row["kind"] == "train"]
@@ -78,12 +79,12 @@ def test_training_from_a_saved_checkpoint_path_uses_the_same_code_path(tmp_path)
 
 
 def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
-    from turnrl.trainer import _warn_once
+    from turnrl.record import warn_once
 
     cfg, warned = OmegaConf.to_object(OmegaConf.structured(Config)), set()
-    with caplog.at_level("WARNING", logger="turnrl.trainer"):
+    with caplog.at_level("WARNING", logger="turnrl.record"):
         for _ in range(3):
-            _warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
+            warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]
 

@@ -131,7 +131,9 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
     """
     backend = cfg.agent.backend
     if backend == "transformers":
-        return TransformersPolicy(copy.deepcopy(model) if own_copy else model, tokenizer, seed=seed)
+        policy = TransformersPolicy(copy.deepcopy(model) if own_copy else model, tokenizer, seed=seed)
+        policy.needs_weight_push = own_copy  # TEMP
+        return policy
     if backend == "vllm":
         from turnrl.agents.vllm_policy import VLLMEngineConfig, VLLMPolicy
 

@@ -348,3 +348,73 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_due(step: int, every: int) -> bool:
+    """Whether a resumable checkpoint follows update ``step`` (``trainer.checkpoint_every``; 0 = never)."""
+    return bool(every) and step % every == 0
+
+
+@dataclass
+class Restored:
+    """The loop's position after ``restore``: the step done, the metrics history up to it
+    (``TrainResult.train`` / ``evals``) and the once-per-run warnings already given."""
+
+    step: int
+    train: list[dict]
+    evals: list[tuple[int, dict]]
+    warned: list[str]
+
+
+def save(run_dir: str | Path, step: int, *, model, tokenizer, algorithm, source, warned: set[str], config_yaml: str,
+         keep: int, pending: list, extra_modules: dict[str, dict] | None = None, rank: int = 0, world: int = 1,
+         gather: Callable[[list], list] | None = None) -> Path | None:
+    """Save a resumable checkpoint after update ``step``; every process calls it (their RNG
+    states and in-flight rollouts are gathered), the main one writes.
+
+    Args:
+        model, tokenizer: the policy.
+        algorithm: its ``state() -> (modules, optimizers, kl_coef)`` (``turnrl.algorithms.algorithm``).
+        source: the rollout source; ``source.state()`` gives the task cursor and sampling RNG
+            (taken after ``drain``, with the sampler at rest).
+        warned: the once-per-run warnings given so far.
+        pending: this process's in-flight rollouts (``source.drain(step)``).
+        extra_modules: state dicts of modules outside the algorithm (a learned reward model).
+
+    Returns:
+        The checkpoint folder (main process), else None.
+    """
+    source_state = source.state()
+    rngs = {"policy_rng": source_state["policy_rng"], "global_rng": global_rng_state()}
+    ranks, rollouts = [rngs], [pending]
+    if gather is not None:
+        ranks, rollouts = gather([rngs]), gather([pending])
+    if rank != 0:
+        return None
+    modules, optimizers, kl_coef = algorithm.state()
+    modules.update(extra_modules or {})
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    state = TrainingState(step=step, kl_coef=kl_coef, task_rng=source_state["task_rng"],
+                          policy_rng=ranks[0]["policy_rng"], global_rng=ranks[0]["global_rng"],
+                          model_training=model.training, dtype=dtype, warned=sorted(warned),
+                          ranks=ranks if world > 1 else [])
+    return write_checkpoint(run_dir, state, model, tokenizer, modules, optimizers, config_yaml, keep=keep,
+                            rollouts=rollouts)
+
+
+def restore(ckpt: Checkpoint, *, algorithm, source, rank: int = 0, world: int = 1) -> Restored:
+    """Put every module, optimizer, the KL coefficient, the task cursor, this process's RNGs
+    and in-flight rollouts back as they were at ``ckpt`` (the policy's weights were loaded
+    with the model). Call it last before the loop: nothing may draw from an RNG after it.
+
+    Raises:
+        ValueError: If the checkpoint was saved by another number of processes, or it holds
+            in-flight rollouts and the source is synchronous.
+    """
+    algorithm.load_state(ckpt)
+    policy_rng, global_rng = ckpt.state.rank_rngs(rank, world)
+    source.restore(ckpt.state.step, {"task_rng": ckpt.state.task_rng, "policy_rng": policy_rng},
+                   ckpt.pending_rollouts(rank))
+    set_global_rng_state(global_rng)
+    train, evals = ckpt.history()
+    return Restored(ckpt.state.step, train, evals, list(ckpt.state.warned))

@@ -27,6 +27,15 @@ class TransformersPolicy:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
+        self.needs_weight_push = False  # TEMP until the policy branch lands
+        self.token_exact = True
+
+    def sync_from(self, model) -> None:  # TEMP
+        if model is not self.model:
+            self.load_weights(model.state_dict())
+
+    def close(self) -> None:  # TEMP
+        pass
 
     def rng_state(self) -> torch.Tensor:
         """The state of the sampling generator (to checkpoint a run)."""
