@@ -37,7 +37,8 @@ PENDING_TARGETS = {"test-fast": "the fast test tier (added with the test markers
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
-OVERRIDE_KEY = re.compile(r"^\+?(env|agent|algorithm|trainer|dpo|reward_model|seed|experiment)(?!\w)((?:\.(?:\w+|\*))*)(.?)")
+ROOT_KEYS = "env|agent|algorithm|trainer|dpo|reward_model|seed|experiment"
+OVERRIDE_KEY = re.compile(rf"^\+?({ROOT_KEYS})(?!\w)((?:\.(?:\w+|\*))*)(.?)")
 
 register_configs()
 
@@ -212,7 +213,8 @@ def compose_overrides(overrides: list[str]) -> None:
     runs = [base]
     for i, o in enumerate(parsed):
         if o.is_sweep_override():
-            runs += [[*base[:i], f"{o.get_key_element()}={value}", *base[i + 1:]] for value in o.sweep_string_iterator()]
+            runs += [[*base[:i], f"{o.get_key_element()}={value}", *base[i + 1:]]
+                     for value in o.sweep_string_iterator()]
     runs = list(dict.fromkeys(map(tuple, runs)))  # each distinct composition once
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
         for run in runs:
