@@ -43,9 +43,9 @@ def test_import_turnrl_registers_every_env_without_importing_one():
     assert result.stdout.startswith("Guess my number between 1 and ")
 
 
-def test_the_readme_snippet_makes_an_env_in_a_fresh_interpreter():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Checking an environment"):readme.index("## Environments")]
+def test_the_docs_snippet_makes_an_env_in_a_fresh_interpreter():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
+    section = page[page.index("## Checking an environment"):page.index("## Built-in environments")]
     (snippet,) = re.findall(r"```python\n(.*?)```", section, re.S)
     result = fresh_python(snippet + "print(env.reset(seed=0)[1]['task_id'])\n")
     assert result.returncode == 0, result.stderr
