@@ -41,7 +41,7 @@ def mixed_batch(tokenizer, renderer, tiny_model):
     with torch.no_grad():
         lp, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     batch.old_logprobs = lp * batch.loss_mask
-    assert len(set(batch.scores.tolist())) > 1 and len(set(batch.num_turns.tolist())) > 1
+    assert len(set(batch.rewards.tolist())) > 1 and len(set(batch.num_turns.tolist())) > 1
     return batch
 
 
@@ -88,7 +88,7 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
 def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
     critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=3e-3, value_clip=None))
     assert critic.values(mixed_batch).abs().sum() == 0  # the head starts at zero
-    targets = mixed_batch.scores[:, None] * mixed_batch.loss_mask  # each row's return on its tokens
+    targets = mixed_batch.rewards[:, None] * mixed_batch.loss_mask  # each row's return on its tokens
     losses = [critic.update(mixed_batch, targets, critic.values(mixed_batch))["value_loss"] for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
     # the policy's own weights are not the critic's
@@ -126,7 +126,7 @@ def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny
     head = new_value_head(model.config.hidden_size)
     learner = Learner(model, LearnerConfig(lr=3e-3, vf_coef=1.0, value_clip=None), value_head=head)
     assert learner.values(mixed_batch).abs().sum() == 0
-    targets = mixed_batch.scores[:, None] * mixed_batch.loss_mask
+    targets = mixed_batch.rewards[:, None] * mixed_batch.loss_mask
     zero_adv = torch.zeros_like(mixed_batch.loss_mask)  # no policy gradient: only the value loss moves weights
     losses = []
     for _ in range(25):

@@ -54,7 +54,7 @@ def equal_groups(layout: str, values: list[float], size: int, dtype: torch.dtype
     rewards = [rewards_of(v) for v in values for _ in range(size)]
     batch = collate([traj(r, states, i // size) for i, r in enumerate(rewards)], pad_id=0)
     return dataclasses.replace(
-        batch, scores=torch.tensor([sum(r) for r in rewards], dtype=dtype),
+        batch, rewards=torch.tensor([sum(r) for r in rewards], dtype=dtype),
         turn_rewards=torch.tensor(rewards, dtype=dtype), values=torch.zeros_like(batch.loss_mask))
 
 
@@ -120,7 +120,7 @@ def test_gigpo_in_float32_agrees_with_float64_on_random_batches(kwargs):
     worst = 0.0
     for _ in range(40):
         batch32 = collate(random_episodes(rng), pad_id=0)
-        batch64 = dataclasses.replace(batch32, scores=batch32.scores.double(),
+        batch64 = dataclasses.replace(batch32, rewards=batch32.rewards.double(),
                                       turn_rewards=batch32.turn_rewards.double())
         adv32, adv64 = ADVANTAGES["gigpo"](batch32, **kwargs), ADVANTAGES["gigpo"](batch64, **kwargs)
         assert adv32.dtype == torch.float32

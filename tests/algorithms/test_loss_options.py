@@ -75,8 +75,8 @@ def test_kl_in_the_reward_lowers_each_turns_reward_by_its_tokens_kl():
     new, penalty = kl_penalized(batch, kl, coef=0.1)
     # per turn: 2 tokens * 0.5 * 0.1 = 0.1
     assert new.turn_rewards.flatten().tolist() == pytest.approx([-0.1, 0.9, 0.9, 0.0])
-    assert new.scores.tolist() == pytest.approx([0.8, 0.9]) and penalty.tolist() == pytest.approx([0.2, 0.1])
-    assert batch.scores.tolist() == [1.0, 1.0]  # the input is not modified
+    assert new.rewards.tolist() == pytest.approx([0.8, 0.9]) and penalty.tolist() == pytest.approx([0.2, 0.1])
+    assert batch.rewards.tolist() == [1.0, 1.0]  # the input is not modified
 
 
 def test_adaptive_kl_controller():

@@ -33,15 +33,15 @@ def grpo(batch: TrainBatch, normalize_std: bool = True, eps: float = 1e-6) -> to
     A group of one, or a group whose returns are all equal, gets advantage 0.
 
     Args:
-        batch: uses ``scores [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
+        batch: uses ``rewards [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
         normalize_std: divide by the group std (GRPO); False gives Dr.GRPO-style centring.
         eps: added to the std.
 
     Returns:
         ``[N, T]`` advantages.
     """
-    adv = group_normalize(batch.scores, batch.group_index, eps=eps if normalize_std else None)
-    return adv.to(batch.scores.dtype)[:, None] * batch.loss_mask
+    adv = group_normalize(batch.rewards, batch.group_index, eps=eps if normalize_std else None)
+    return adv.to(batch.rewards.dtype)[:, None] * batch.loss_mask
 
 
 @ADVANTAGES.register("dr_grpo")
@@ -54,7 +54,7 @@ def dr_grpo(batch: TrainBatch) -> torch.Tensor:
     seq-mean-token-sum-norm`` with it (``algorithm=dr_grpo`` sets both).
 
     Args:
-        batch: uses ``scores [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
+        batch: uses ``rewards [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
 
     Returns:
         ``[N, T]`` advantages.
@@ -69,13 +69,13 @@ def rloo(batch: TrainBatch) -> torch.Tensor:
     i). Equal to ``G/(G-1) * (R_i - mean_g R)``. A group of one gets 0.
 
     Args:
-        batch: uses ``scores [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
+        batch: uses ``rewards [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
 
     Returns:
         ``[N, T]`` advantages.
     """
-    adv, _ = leave_one_out_centred(batch.scores, batch.group_index)
-    return adv.to(batch.scores.dtype)[:, None] * batch.loss_mask
+    adv, _ = leave_one_out_centred(batch.rewards, batch.group_index)
+    return adv.to(batch.rewards.dtype)[:, None] * batch.loss_mask
 
 
 @ADVANTAGES.register("reinforce_pp")
@@ -112,12 +112,12 @@ def reinforce_pp_baseline(batch: TrainBatch, eps: float = 1e-6) -> torch.Tensor:
     per-group std) keeps groups that are nearly all right or all wrong from being blown up.
 
     Args:
-        batch: uses ``scores [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
+        batch: uses ``rewards [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
         eps: added to the std.
 
     Returns:
         ``[N, T]`` advantages.
     """
-    centred = group_normalize(batch.scores, batch.group_index, eps=None)
+    centred = group_normalize(batch.rewards, batch.group_index, eps=None)
     tokens = centred[:, None] * batch.loss_mask.to(STAT_DTYPE)
-    return whiten(tokens, batch.loss_mask, eps).to(batch.scores.dtype) * batch.loss_mask
+    return whiten(tokens, batch.loss_mask, eps).to(batch.rewards.dtype) * batch.loss_mask

@@ -26,7 +26,7 @@ from turnrl.conf.schema import Config
 
 @dataclass(frozen=True)
 class StepCoefs:
-    """The coefficients of one step: the sampling temperature (the learner scores at the
+    """The coefficients of one step: the sampling temperature (the learner computes logprobs at the
     same one), the entropy bonus's weight and the KL penalty's weight."""
 
     temperature: float

@@ -21,7 +21,7 @@ class TrainBatch:
         old_logprobs: ``[N, T]`` float, the sampler's logprobs (0 off the loss mask).
         turn_index: ``[N, T]`` long, index of the assistant turn a sampled token belongs to;
             -1 on every other token.
-        scores: ``[N]`` float, each trajectory's return (sum of turn rewards).
+        rewards: ``[N]`` float, each trajectory's return (sum of turn rewards).
         group_index: ``[N]`` long, trajectories of one task share an index.
         turn_rewards: ``[N, K]`` float, per-turn rewards, 0-padded to the most turns ``K``.
         num_turns: ``[N]`` long.
@@ -37,7 +37,7 @@ class TrainBatch:
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     turn_index: torch.Tensor
-    scores: torch.Tensor
+    rewards: torch.Tensor
     group_index: torch.Tensor
     turn_rewards: torch.Tensor
     num_turns: torch.Tensor
@@ -91,7 +91,7 @@ def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float
         loss_mask=loss_mask,
         old_logprobs=old_logprobs,
         turn_index=turn_index,
-        scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float),
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float),
         group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
         turn_rewards=turn_rewards,
         num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),

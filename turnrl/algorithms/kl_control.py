@@ -57,8 +57,8 @@ def kl_penalized(batch: TrainBatch, kl: torch.Tensor, coef: float) -> tuple[Trai
         coef: the penalty weight.
 
     Returns:
-        ``(new_batch, per_row_penalty [N])``: ``turn_rewards`` and ``scores`` lowered by the
-        penalty (scores stay the sum of turn rewards); the input batch is not modified.
+        ``(new_batch, per_row_penalty [N])``: ``turn_rewards`` and ``rewards`` lowered by the
+        penalty (``rewards`` stay the sum of turn rewards); the input batch is not modified.
     """
     k_max = batch.turn_rewards.shape[1]
     kl = kl * batch.loss_mask
@@ -66,4 +66,4 @@ def kl_penalized(batch: TrainBatch, kl: torch.Tensor, coef: float) -> tuple[Trai
     per_turn = torch.zeros_like(batch.turn_rewards).scatter_add_(1, index, kl * (batch.turn_index >= 0))
     per_turn = per_turn[:, :k_max] * coef
     penalty = per_turn.sum(dim=1)
-    return replace(batch, turn_rewards=batch.turn_rewards - per_turn, scores=batch.scores - penalty), penalty
+    return replace(batch, turn_rewards=batch.turn_rewards - per_turn, rewards=batch.rewards - penalty), penalty

@@ -83,7 +83,7 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
     centring only, the paper's alternative that avoids inflating near-uniform groups).
 
     Args:
-        batch: uses ``scores``, ``group_index``, ``turn_rewards``, ``num_turns``,
+        batch: uses ``rewards``, ``group_index``, ``turn_rewards``, ``num_turns``,
             ``state_index``, ``turn_index``, ``loss_mask``.
         omega: weight of the step-level advantage.
         gamma: discount of the step return.
@@ -96,13 +96,13 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     scale = eps if normalize == "std" else None
-    episode = group_normalize(batch.scores, batch.group_index, eps=scale)
+    episode = group_normalize(batch.rewards, batch.group_index, eps=scale)
     k_max = batch.turn_rewards.shape[1]
     returns = discounted_turn_returns(batch.turn_rewards.to(STAT_DTYPE), batch.num_turns, gamma)
     anchored = (batch.state_index >= 0) & turn_valid(batch.num_turns, k_max)
     step = group_normalize(returns, batch.state_index, anchored, eps=scale)  # 0 where not anchored
     per_turn = episode[:, None] + omega * step
-    dtype = torch.promote_types(batch.scores.dtype, batch.turn_rewards.dtype)
+    dtype = torch.promote_types(batch.rewards.dtype, batch.turn_rewards.dtype)
     return turns_to_tokens(per_turn.to(dtype), batch.turn_index, batch.loss_mask)
 
 
