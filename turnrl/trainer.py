@@ -30,17 +30,18 @@ from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import collate
-from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner, new_value_head
+from turnrl.algorithms.critic import Critic, CriticLearner, new_value_head
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
 from turnrl.algorithms.reward_model import RewardModel, RewardModelConfig, RewardModelTrainer, calibration
 from turnrl.algorithms.kl_control import KLController, kl_penalized
-from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.algorithms.learner import Learner, StepCoefs
 from turnrl.algorithms.schedules import SCHEDULES
-from turnrl.build import BACKENDS, advantage_fn, build_agent, env_factory, rollout_policy
+from turnrl.build import advantage_fn, build_agent, env_factory, rollout_policy
 from turnrl.checkpoint import (Checkpoint, TrainingState, checkpoint_steps, global_rng_state, read_checkpoint,
                                resolve_resume, restore_log, set_global_rng_state, write_checkpoint)
 from turnrl.conf.schema import Config
+from turnrl.conf.validate import validate
 from turnrl.distributed import all_reduce, shard_list
 from turnrl.envs.reward_model import RewardModelReward
 from turnrl.evaluate import evaluate, heldout_tasks
@@ -87,14 +88,13 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             checkpoint), before this process's first RL step.
 
     Raises:
-        ValueError: On bad checkpoint settings, or a ``trainer.resume`` that names no
-            checkpoint or conflicts with newer checkpoints in ``run_dir``.
+        ValueError: On a config ``turnrl.conf.validate.validate`` rejects (before any work), or
+            a ``trainer.resume`` that names no checkpoint or conflicts with newer checkpoints
+            in ``run_dir``.
     """
     run_dir = Path(run_dir)
     tcfg, acfg = cfg.trainer, cfg.algorithm
-    if tcfg.checkpoint_every < 0 or tcfg.keep_checkpoints < 1:
-        raise ValueError(f"trainer.checkpoint_every must be >= 0 (0 = off) and trainer.keep_checkpoints >= 1, got "
-                         f"{tcfg.checkpoint_every} and {tcfg.keep_checkpoints}")
+    validate(cfg)
     resumed = _checkpoint_to_resume(cfg, run_dir)
     # ---------------------------------------------------------------- set-up
     # under `accelerate launch` (trainer.accelerate): every process runs this function; each
@@ -109,24 +109,6 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         if tcfg.tasks_per_step < world:
             raise ValueError(f"trainer.tasks_per_step={tcfg.tasks_per_step} < {world} processes: "
                              "each process needs at least one task per step")
-        if acfg.advantage in VALUE_TARGETS and acfg.critic == "separate":
-            raise ValueError("trainer.accelerate trains the policy data-parallel; use algorithm.critic=shared "
-                             "(the separate critic's learner is single-process)")
-    if tcfg.async_rollouts and tcfg.max_staleness > 0 and acfg.tis == "none":
-        raise ValueError(f"trainer.max_staleness={tcfg.max_staleness} samples rollouts with weights up to that many "
-                         "updates old; set algorithm.tis=token (or sequence) to correct for it by importance "
-                         "sampling, or trainer.max_staleness=0")
-    if tcfg.async_rollouts and (isinstance(tcfg.max_staleness, bool) or tcfg.max_staleness < 0):
-        raise ValueError(f"trainer.max_staleness must be an int >= 0, got {tcfg.max_staleness!r}")
-    if cfg.agent.backend not in BACKENDS:
-        raise ValueError(f"agent.backend must be one of {BACKENDS}, got {cfg.agent.backend!r}")
-    if cfg.agent.backend == "http" and tcfg.accelerate:
-        raise ValueError("agent.backend=http with trainer.accelerate=true would have every process push the weights "
-                         "to the same servers; run the learner in one process against the servers (several "
-                         "servers route the rollouts), or use agent.backend=vllm (one engine per process)")
-    if cfg.agent.vllm.sleep_during_update and (tcfg.async_rollouts or cfg.agent.backend != "vllm"):
-        raise ValueError("agent.vllm.sleep_during_update frees a colocated vLLM engine's memory during each update; "
-                         "it needs agent.backend=vllm and synchronous rollouts (trainer.async_rollouts=false)")
     main = rank == 0
     device = tcfg.device if accelerator is None else accelerator.device
     if tcfg.threads:
@@ -180,23 +162,12 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
     if acfg.advantage in VALUE_TARGETS:
         value_targets = VALUE_TARGETS.get(acfg.advantage)
         if acfg.critic == "separate":
-            critic = CriticLearner(Critic.from_policy(model).to(device), CriticConfig(
-                lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
-                micro_batch_size=tcfg.micro_batch_size))
+            critic = CriticLearner(Critic.from_policy(model).to(device), acfg, tcfg)
         elif acfg.critic == "shared":
             value_head = new_value_head(model.config.hidden_size).to(device)
         else:
             raise ValueError(f"algorithm.critic must be 'separate' or 'shared', got {acfg.critic!r}")
-    learner = Learner(model, LearnerConfig(
-        lr=tcfg.lr, max_grad_norm=tcfg.max_grad_norm, ppo_epochs=acfg.ppo_epochs,
-        num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
-        clip_low=acfg.clip_low, clip_high=acfg.clip_high, kl_coef=acfg.kl_coef,
-        kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
-        temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
-        dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
-        vf_coef=acfg.vf_coef, value_clip=acfg.value_clip, mixed_precision=tcfg.mixed_precision,
-        gradient_checkpointing=tcfg.gradient_checkpointing, lora_rank=tcfg.lora_rank,
-    ), value_head=value_head, accelerator=accelerator)
+    learner = Learner(model, acfg, tcfg, value_head=value_head, accelerator=accelerator)
     kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
     entropy_at = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end,
                          total=tcfg.steps)
@@ -294,9 +265,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         for step in bar:
             t0 = time.perf_counter()
             # this step's coefficients; the learner scores at the temperature the sampler used
-            learner.cfg.temperature = sampling_at(step).temperature
-            learner.cfg.entropy_coef = entropy_at(step=step - 1)
-            learner.cfg.kl_coef = kl_ctl.value
+            step_coefs = StepCoefs(temperature=sampling_at(step).temperature, entropy_coef=entropy_at(step=step - 1),
+                                   kl_coef=kl_ctl.value)
             if pipeline is None:
                 tasks = draw_tasks()
                 trajectories = collector.collect(shard_list(tasks, world, rank), tcfg.group_size, sampling_at(step))
@@ -308,11 +278,11 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             if cfg.agent.backend == "http":  # refuse turns that are not token-exact
                 assert_trainable(trajectories)
             batch = collate(trajectories, tokenizer.pad_token_id, cfg.algorithm.state_similarity)
-            coefs = {"kl_coef": kl_ctl.value, "entropy_coef": learner.cfg.entropy_coef,
-                     "temperature": learner.cfg.temperature}
+            coefs = {"kl_coef": kl_ctl.value, "entropy_coef": step_coefs.entropy_coef,
+                     "temperature": step_coefs.temperature}
             reward_kl = None
             if acfg.kl_placement == "reward" and learner.ref_model is not None:
-                ref_kl = learner.reference_kl(batch).cpu()  # before this step's update
+                ref_kl = learner.reference_kl(batch, step_coefs.temperature).cpu()  # before this step's update
                 reward_kl = float(all_reduce(ref_kl.sum()) / all_reduce(batch.loss_mask.sum()).clamp(min=1.0))
                 batch, penalty = kl_penalized(batch, ref_kl, kl_ctl.value)
                 coefs["kl_reward_penalty"] = float(penalty.mean())
@@ -323,7 +293,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             advantages = score(batch)
             if cfg.agent.vllm.sleep_during_update:  # the colocated engine frees its memory for the update
                 sampler.sleep(level=2)
-            update = learner.update(batch, advantages, returns if value_head is not None else None)
+            update = learner.update(batch, advantages, returns if value_head is not None else None,
+                                    coefs=step_coefs)
             if pipeline is None and sampler is not policy:  # the engine samples the next step with these weights
                 if cfg.agent.vllm.sleep_during_update:
                     sampler.wake_up()
