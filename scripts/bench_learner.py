@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model, build_tokenizer  # noqa: E402
 from turnrl.agents.scripted import corpus_texts, scripted_episode  # noqa: E402
-from turnrl.algorithms import Learner, LearnerConfig, collate, token_logprobs  # noqa: E402
+from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate, token_logprobs  # noqa: E402
 from turnrl.distributed import shard_rows  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 
@@ -61,8 +61,8 @@ def timed_updates(args, accelerator=None) -> dict:
     world, rank = (1, 0) if accelerator is None else (accelerator.num_processes, accelerator.process_index)
     rows = shard_rows(len(batch), args.num_minibatches, world, rank)
     batch, advantages = batch.rows(rows), advantages[rows]
-    learner = Learner(model, LearnerConfig(lr=1e-4, num_minibatches=args.num_minibatches,
-                                           micro_batch_size=args.micro_batch_size), accelerator=accelerator)
+    learner = Learner(model, LossConfig(num_minibatches=args.num_minibatches),
+                      OptimConfig(lr=1e-4, micro_batch_size=args.micro_batch_size), accelerator=accelerator)
     learner.update(batch, advantages)  # warm-up
     if accelerator is not None:
         accelerator.wait_for_everyone()

@@ -4,6 +4,7 @@ servers run as subprocesses (a free port, start until it answers, stop its proce
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -13,6 +14,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+
+def learner_settings(**settings):
+    """``(LossConfig, OptimConfig)`` with each keyword set on the dataclass that declares it,
+    for ``Learner(model, *learner_settings(lr=1e-4, kl_coef=0.1))``; an unknown name raises
+    ``TypeError``."""
+    from turnrl.algorithms import LossConfig, OptimConfig
+
+    split = {cls: {k: v for k, v in settings.items() if k in {f.name for f in dataclasses.fields(cls)}}
+             for cls in (LossConfig, OptimConfig)}
+    unknown = set(settings) - set(split[LossConfig]) - set(split[OptimConfig])
+    if unknown:
+        raise TypeError(f"{sorted(unknown)} are neither LossConfig nor OptimConfig fields")
+    return LossConfig(**split[LossConfig]), OptimConfig(**split[OptimConfig])
 
 
 def under_ci() -> bool:

@@ -10,7 +10,7 @@ from turnrl.trainer import train
 
 PACKAGE = Path(turnrl.__file__).parent
 # the only functions that may branch on the backend or the pipeline kind
-FACTORIES = {("build.py", "rollout_policy"), ("rollout/source.py", "rollout_source"), ("conf/validate.py", "validate")}
+FACTORIES = {("build.py", "rollout_policy"), ("rollout/source.py", "rollout_source"), ("conf/validate.py", "problems")}
 KIND_SETTINGS = {"backend", "async_rollouts"}
 
 

@@ -162,14 +162,18 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
 
 
 def advantage_fn(cfg: Config):
-    """The configured advantage estimator with its kwargs bound (validated now)."""
+    """The configured advantage estimator with its kwargs bound.
+
+    Raises:
+        KeyError: On an unknown ``algorithm.advantage`` (listing the registered names).
+        ValueError: When ``algorithm.advantage_kwargs`` has keys the estimator does not take
+            (the check ``turnrl.conf.validate`` makes).
+    """
+    from turnrl.conf.validate import advantage_kwargs_problem  # (validate imports this module)
+
     fn = ADVANTAGES.get(cfg.algorithm.advantage)
     kwargs = dict(cfg.algorithm.advantage_kwargs)
-    accepted = set(inspect.signature(fn).parameters) - {"batch"}
-    unknown = set(kwargs) - accepted
-    if unknown:
-        raise ValueError(
-            f"algorithm.advantage_kwargs has {sorted(unknown)}, which {cfg.algorithm.advantage!r} "
-            f"does not take; it accepts {sorted(accepted)}"
-        )
+    problem = advantage_kwargs_problem(cfg.algorithm.advantage, kwargs)
+    if problem:
+        raise ValueError(problem)
     return lambda batch: fn(batch, **kwargs)

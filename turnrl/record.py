@@ -16,7 +16,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from turnrl import checkpoint
-from turnrl.algorithms.algorithm import Algorithm, StepCoefs
+from turnrl.algorithms.algorithm import Algorithm
+from turnrl.algorithms.learner import StepCoefs
 from turnrl.algorithms.credit import Credited
 from turnrl.distributed import shard_list
 from turnrl.evaluate import evaluate, heldout_tasks
@@ -105,7 +106,8 @@ class Recorder:
         if procs.gather is not None:  # every process's rollouts, for the step's figures
             trajectories = procs.gather(trajectories)
         self.algorithm.observe_kl(update["kl"], len(trajectories))
-        metrics = {**rollout_metrics(trajectories), **update, **coefs.metrics(), **credited.metrics,
+        metrics = {**rollout_metrics(trajectories), **update, "kl_coef": coefs.kl_coef, "entropy_coef": coefs.entropy_coef,
+                   "temperature": coefs.temperature, **credited.metrics,
                    "policy_lag": float(rollouts.staleness), "step_time": time.perf_counter() - started,
                    "rollout_time": rollouts.rollout_time, "rollout_wait": waited}
         self.result.train.append({"step": step, **metrics})

@@ -23,6 +23,7 @@ from pathlib import Path
 from turnrl.algorithms.algorithm import Algorithm
 from turnrl.algorithms.batch import collate
 from turnrl.conf.schema import Config
+from turnrl.conf.validate import validate
 from turnrl.record import Recorder, TrainResult
 from turnrl.rollout.source import rollout_source
 from turnrl.run import start_run
@@ -45,6 +46,7 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         ValueError: On an invalid config (before any work), or a ``trainer.resume`` that
             names no checkpoint or conflicts with newer checkpoints in ``run_dir``.
     """
+    validate(cfg)                                   # every config problem, before any work
     run = start_run(cfg, run_dir)                   # processes, seeds, env factory, model, logger
     stages = pre_rl_stages(run)                     # warm start, reward model, DPO
     algorithm = Algorithm(cfg, run.model, run.procs.device, run.procs.accelerator)

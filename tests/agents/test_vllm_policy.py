@@ -21,7 +21,7 @@ from turnrl.agents import SamplingParams, TransformersPolicy  # noqa: E402
 from turnrl.agents.vllm_policy import (LOGPROB_TOLERANCE, VLLMEngineConfig, VLLMPolicy,  # noqa: E402
                                        logprob_agreement, merged_state_dict)
 from turnrl.algorithms import collate, token_logprobs  # noqa: E402
-from turnrl.algorithms.learner import Learner, LearnerConfig  # noqa: E402
+from turnrl.algorithms import Learner, LossConfig, OptimConfig  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
@@ -213,8 +213,8 @@ def test_multi_turn_rollouts_through_the_collector_match_the_learner(policy, vmo
         for start, end in traj.turn_spans:
             assert traj.loss_mask[start:end] == [1] * (end - start)
     batch = collate(trajectories, tokenizer.pad_token_id)
-    learner = Learner(vmodel, LearnerConfig(temperature=temperature))
-    scored = learner.score(batch)
+    learner = Learner(vmodel, LossConfig(), OptimConfig())
+    scored = learner.logprobs(batch, temperature)
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) == sum(t.num_generated_tokens for t in trajectories) > 0
     assert float((scored - batch.old_logprobs).abs()[mask].max()) <= LOGPROB_TOLERANCE

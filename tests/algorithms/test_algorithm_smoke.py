@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from turnrl.agents.scripted import scripted_episode
-from turnrl.algorithms import VALUE_TARGETS, Learner, LearnerConfig, collate, token_logprobs
-from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner
+from turnrl.algorithms import VALUE_TARGETS, Learner, LossConfig, OptimConfig, collate, token_logprobs
+from turnrl.algorithms.critic import Critic, CriticLearner
 from turnrl.build import advantage_fn
 from turnrl.conf.schema import register_configs
 from turnrl.envs import GuessNumberEnv
@@ -63,15 +63,14 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
     acfg = cfg.algorithm
     critic = None
     if acfg.advantage in VALUE_TARGETS:
-        critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=1e-2, value_clip=acfg.value_clip))
+        critic = CriticLearner(Critic.from_policy(tiny_model), dataclasses.replace(acfg, critic_lr=1e-2), OptimConfig())
         mixed_batch = dataclasses.replace(mixed_batch, values=critic.values(mixed_batch))
     advantages = advantage_fn(cfg)(mixed_batch)
     assert advantages.shape == mixed_batch.loss_mask.shape and torch.isfinite(advantages).all()
     assert advantages.abs().sum() > 0 and torch.all(advantages[mixed_batch.loss_mask == 0] == 0)
     model = copy.deepcopy(tiny_model)
-    learner = Learner(model, LearnerConfig(lr=1e-3, micro_batch_size=5, clip_low=acfg.clip_low,
-                                           clip_high=acfg.clip_high, kl_coef=acfg.kl_coef,
-                                           entropy_coef=acfg.entropy_coef, loss_agg=acfg.loss_agg))
+    # the composed algorithm config is the learner's loss config as it is
+    learner = Learner(model, acfg, dataclasses.replace(cfg.trainer, lr=1e-3, micro_batch_size=5))
     metrics = learner.update(mixed_batch, advantages)
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     before = dict(tiny_model.named_parameters())
@@ -86,7 +85,7 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
 
 
 def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
-    critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=3e-3, value_clip=None))
+    critic = CriticLearner(Critic.from_policy(tiny_model), LossConfig(critic_lr=3e-3, value_clip=None), OptimConfig())
     assert critic.values(mixed_batch).abs().sum() == 0  # the head starts at zero
     targets = mixed_batch.rewards[:, None] * mixed_batch.loss_mask  # each row's return on its tokens
     losses = [critic.update(mixed_batch, targets, critic.values(mixed_batch))["value_loss"] for _ in range(30)]
@@ -96,7 +95,7 @@ def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
 
 
 def test_value_clipping_limits_the_move_from_old_values(mixed_batch, tiny_model):
-    critic = CriticLearner(Critic.from_policy(tiny_model), CriticConfig(lr=1e-2, value_clip=0.01))
+    critic = CriticLearner(Critic.from_policy(tiny_model), LossConfig(critic_lr=1e-2, value_clip=0.01), OptimConfig())
     old = critic.values(mixed_batch)
     targets = (old + 5.0) * mixed_batch.loss_mask
     for _ in range(3):
@@ -107,14 +106,14 @@ def test_value_clipping_limits_the_move_from_old_values(mixed_batch, tiny_model)
 def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
     advantages = torch.where(mixed_batch.loss_mask > 0, torch.randn(mixed_batch.loss_mask.shape,
                              generator=torch.Generator().manual_seed(0)), torch.zeros(()))
-    on_policy = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4)).update(mixed_batch, advantages)
+    on_policy = Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig(lr=1e-4)).update(mixed_batch, advantages)
     assert on_policy["mismatch_abs"] < 1e-4 and on_policy["mismatch_kl"] < 1e-6
     # a sampler whose logprobs are 0.1 higher than the learner's on every sampled token
     stale = dataclasses.replace(mixed_batch, old_logprobs=mixed_batch.old_logprobs + 0.1 * mixed_batch.loss_mask)
-    off = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4)).update(stale, advantages)
+    off = Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig(lr=1e-4)).update(stale, advantages)
     assert off["mismatch_abs"] == pytest.approx(0.1, abs=1e-3)
     assert off["ratio"] == pytest.approx(math.exp(-0.1), abs=1e-3)  # the ratio is against the sampler
-    tis = Learner(copy.deepcopy(tiny_model), LearnerConfig(lr=1e-4, tis="token")).update(stale, advantages)
+    tis = Learner(copy.deepcopy(tiny_model), LossConfig(tis="token"), OptimConfig(lr=1e-4)).update(stale, advantages)
     assert tis["tis_weight"] == pytest.approx(math.exp(-0.1), abs=1e-3)
     assert tis["ratio"] == pytest.approx(1.0, abs=1e-3)  # with TIS the ratio is against the learner
 
@@ -124,7 +123,7 @@ def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny
 
     model = copy.deepcopy(tiny_model)
     head = new_value_head(model.config.hidden_size)
-    learner = Learner(model, LearnerConfig(lr=3e-3, vf_coef=1.0, value_clip=None), value_head=head)
+    learner = Learner(model, LossConfig(vf_coef=1.0, value_clip=None), OptimConfig(lr=3e-3), value_head=head)
     assert learner.values(mixed_batch).abs().sum() == 0
     targets = mixed_batch.rewards[:, None] * mixed_batch.loss_mask
     zero_adv = torch.zeros_like(mixed_batch.loss_mask)  # no policy gradient: only the value loss moves weights
@@ -134,8 +133,8 @@ def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny
         losses.append(learner.update(batch, zero_adv, returns=targets)["value_loss"])
     assert losses[-1] < 0.5 * losses[0]
     # the value loss reached the shared backbone: the policy's logprobs changed although A = 0
-    before = learner.score(mixed_batch)
-    fresh = Learner(copy.deepcopy(tiny_model), LearnerConfig()).score(mixed_batch)
+    before = learner.logprobs(mixed_batch)
+    fresh = Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig()).logprobs(mixed_batch)
     assert not torch.allclose(before, fresh)
     with pytest.raises(ValueError, match="returns"):
         learner.update(mixed_batch, zero_adv)

@@ -38,7 +38,8 @@ RUNS = (*MODES, UNEVEN)
 PLAYERS = ("expert", "weak", "weak", "weak")
 UPDATES = 3
 # num_minibatches=2 over 12 rows: 3 rows per process per minibatch, micro-batches of 2 and 1
-LEARNER = dict(lr=1e-3, num_minibatches=2, micro_batch_size=2)
+LOSS = dict(num_minibatches=2)  # LossConfig fields of every learner here
+OPTIM = dict(lr=1e-3, micro_batch_size=2)  # and OptimConfig fields
 DTYPE = torch.float64  # of the compared runs' models (see the module docstring)
 AGREEMENT = 1e-7  # the largest parameter difference allowed, relative to the largest update
 
@@ -68,9 +69,9 @@ def fixed_batch(tokenizer, renderer, model):
 def run_updates(model, batch, advantages, mode, accelerator=None, on_learner=None):
     """``UPDATES`` learner updates (``on_learner(learner)`` called before them); returns the
     last update's metrics."""
-    from turnrl.algorithms import Learner, LearnerConfig
+    from turnrl.algorithms import Learner, LossConfig, OptimConfig
 
-    learner = Learner(model, LearnerConfig(loss_agg=mode, **LEARNER), accelerator=accelerator)
+    learner = Learner(model, LossConfig(loss_agg=mode, **LOSS), OptimConfig(**OPTIM), accelerator=accelerator)
     if on_learner is not None:
         on_learner(learner)
     for _ in range(UPDATES):
@@ -97,11 +98,11 @@ def worker(out: Path) -> None:
     tiny = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
     base = build_tiny_model(tiny, tokenizer, seed=0).to(DTYPE)
     batch, advantages = fixed_batch(tokenizer, renderer, base)
-    rows = shard_rows(len(batch), LEARNER["num_minibatches"], world, rank)
+    rows = shard_rows(len(batch), LOSS["num_minibatches"], world, rank)
     for mode in RUNS:
         if mode == UNEVEN:
             batch, advantages = batch.rows(slice(0, UNEVEN_ROWS)), advantages[:UNEVEN_ROWS]
-            rows = shard_rows(len(batch), LEARNER["num_minibatches"], world, rank)
+            rows = shard_rows(len(batch), LOSS["num_minibatches"], world, rank)
         model = copy.deepcopy(base)
         seen = []  # every row a training forward saw (its unpadded ids)
         model.model.embed_tokens.register_forward_hook(
@@ -207,7 +208,7 @@ def test_gradients_are_all_reduced_once_per_optimizer_step(two_process_run, mode
     # on every process each minibatch's micro-batches (2 and 1 rows) but the last run under no_sync
     for rank in (0, 1):
         buckets = two_process_run[mode, rank]["allreduces"]
-        steps = UPDATES * LEARNER["num_minibatches"]
+        steps = UPDATES * LOSS["num_minibatches"]
         assert len(buckets) == steps * len(set(buckets)), buckets
 
 
@@ -227,18 +228,19 @@ def test_shard_rows_reproduces_every_global_minibatch():
 
 
 def test_gradient_checkpointing_and_bf16_switches(tiny_model, tokenizer, renderer):
-    from turnrl.algorithms import Learner, LearnerConfig
+    from turnrl.algorithms import Learner, LossConfig, OptimConfig
 
     batch, advantages = fixed_batch(tokenizer, renderer, tiny_model)
     reference = copy.deepcopy(tiny_model)
-    Learner(reference, LearnerConfig(**LEARNER)).update(batch, advantages)
+    Learner(reference, LossConfig(**LOSS), OptimConfig(**OPTIM)).update(batch, advantages)
     checkpointed = copy.deepcopy(tiny_model)
-    Learner(checkpointed, LearnerConfig(gradient_checkpointing=True, **LEARNER)).update(batch, advantages)
+    Learner(checkpointed, LossConfig(**LOSS), OptimConfig(gradient_checkpointing=True, **OPTIM)).update(batch,
+                                                                                                       advantages)
     assert checkpointed.is_gradient_checkpointing
     for (name, p), q in zip(checkpointed.named_parameters(), reference.parameters()):
         assert (p - q).abs().max() <= 1e-5, name
     bf16 = copy.deepcopy(tiny_model)
-    metrics = Learner(bf16, LearnerConfig(mixed_precision="bf16", **LEARNER)).update(batch, advantages)
+    metrics = Learner(bf16, LossConfig(**LOSS), OptimConfig(mixed_precision="bf16", **OPTIM)).update(batch, advantages)
     assert all(p.dtype == torch.float32 for p in bf16.parameters())  # fp32 master weights
     assert np.isfinite(metrics["pg_loss"]) and metrics["grad_norm"] > 0
     # bf16 rounding, not a different update: the step points the same way as the fp32 one
@@ -246,20 +248,20 @@ def test_gradient_checkpointing_and_bf16_switches(tiny_model, tokenizer, rendere
     step_fp32 = torch.cat([(p - q).flatten() for p, q in zip(reference.parameters(), tiny_model.parameters())])
     assert torch.nn.functional.cosine_similarity(step, step_fp32, dim=0) > 0.9
     with pytest.raises(ValueError, match="mixed_precision"):
-        Learner(copy.deepcopy(tiny_model), LearnerConfig(mixed_precision="fp8"))
+        Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig(mixed_precision="fp8"))
 
 
 
 def test_lora_trains_only_the_adapters(tiny_model, tokenizer, renderer):
     pytest.importorskip("peft", reason="LoRA needs peft (the optional 'lora' extra: pip install 'turnrl[lora]')")
-    from turnrl.algorithms import Learner, LearnerConfig
+    from turnrl.algorithms import Learner, LossConfig, OptimConfig
 
     batch, advantages = fixed_batch(tokenizer, renderer, tiny_model)
     model = copy.deepcopy(tiny_model)
-    learner = Learner(model, LearnerConfig(lora_rank=4, kl_coef=0.1, **LEARNER))
+    learner = Learner(model, LossConfig(kl_coef=0.1, **LOSS), OptimConfig(lora_rank=4, **OPTIM))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    assert learner.score(batch).sub(batch.old_logprobs).abs().max() < 1e-5  # adapters start at zero
+    assert learner.logprobs(batch).sub(batch.old_logprobs).abs().max() < 1e-5  # adapters start at zero
     metrics = learner.update(batch, advantages)
     assert np.isfinite(metrics["pg_loss"]) and metrics["grad_norm"] > 0
     base = dict(tiny_model.named_parameters())
@@ -269,7 +271,7 @@ def test_lora_trains_only_the_adapters(tiny_model, tokenizer, renderer):
         else:  # the frozen weights, under peft's names for wrapped layers
             original = name.replace(".base_layer", "")
             assert torch.equal(p, base[original]), name
-    assert learner.score(batch).sub(batch.old_logprobs).abs().max() > 1e-5  # the policy moved
+    assert learner.logprobs(batch).sub(batch.old_logprobs).abs().max() > 1e-5  # the policy moved
     assert all(not p.requires_grad for p in learner.ref_model.parameters())
     assert not any("lora_" in n for n, _ in learner.ref_model.named_parameters())  # the reference is the base
 

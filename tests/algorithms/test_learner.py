@@ -1,13 +1,14 @@
 """Learner.update on the tiny model with real collected trajectories."""
 
 import copy
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import torch
 
+from tests.helpers import learner_settings
 from turnrl.agents import SamplingParams, TransformersPolicy
-from turnrl.algorithms import AGGREGATIONS, Learner, LearnerConfig, collate, token_logprobs
+from turnrl.algorithms import AGGREGATIONS, Learner, OptimConfig, StepCoefs, collate, token_logprobs
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task
 
@@ -25,7 +26,7 @@ def rl_batch(tiny_model, tokenizer, renderer):
 
 
 def updated(model, batch, advantages, **cfg):
-    learner = Learner(model, LearnerConfig(lr=1e-4, num_minibatches=1, **cfg))
+    learner = Learner(model, *learner_settings(lr=1e-4, num_minibatches=1, **cfg))
     metrics = learner.update(batch, advantages)
     return learner, metrics
 
@@ -76,13 +77,56 @@ def test_kl_coef_creates_a_frozen_reference_and_kl_is_zero_on_the_first_update(f
     assert not torch.equal(fresh_model.model.embed_tokens.weight, start["model.embed_tokens.weight"])
     # a second update now sees a positive KL from the moved policy
     assert learner.update(batch, advantages)["kl"] > 0
-    assert Learner(copy.deepcopy(fresh_model), LearnerConfig()).ref_model is None
+    assert Learner(copy.deepcopy(fresh_model), *learner_settings()).ref_model is None
 
 
 def test_update_rejects_advantages_of_the_wrong_shape(fresh_model, rl_batch):
     batch, advantages = rl_batch
     with pytest.raises(ValueError, match="advantages"):
-        Learner(fresh_model, LearnerConfig()).update(batch, advantages[:, :-1])
+        Learner(fresh_model, *learner_settings()).update(batch, advantages[:, :-1])
+
+
+def test_step_coefs_reach_the_update_and_no_config_is_changed(tiny_model, rl_batch):
+    batch, advantages = rl_batch
+    loss, optim = learner_settings(lr=1e-3, kl_coef=0.1)
+    saved = (copy.deepcopy(loss), copy.deepcopy(optim))
+
+    def after_two_updates(coefs):
+        model = copy.deepcopy(tiny_model)
+        learner = Learner(model, loss, optim)
+        for _ in range(2):  # the second update sees the KL to the reference (0 on the first)
+            learner.update(batch, advantages, coefs=coefs)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    base = after_two_updates(StepCoefs(temperature=1.0, entropy_coef=0.0, kl_coef=0.1))
+    assert torch.equal(base, after_two_updates(None))  # None: the config's first-step coefficients
+    for other in (StepCoefs(1.0, 0.5, 0.1), StepCoefs(1.0, 0.0, 5.0), StepCoefs(2.0, 0.0, 0.1)):
+        assert not torch.equal(base, after_two_updates(other)), other
+    assert (loss, optim) == saved  # read, never changed
+    with pytest.raises(FrozenInstanceError):
+        StepCoefs().temperature = 2.0
+
+
+def test_the_temperature_scales_scoring_the_update_and_reference_kl(tiny_model, rl_batch):
+    batch, advantages = rl_batch
+    learner = Learner(copy.deepcopy(tiny_model), *learner_settings(lr=1e-3, kl_coef=0.1))
+    hot = learner.logprobs(batch, 2.0)
+    expected, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, 2.0, score_mask=batch.loss_mask)
+    assert torch.allclose(hot, expected * batch.loss_mask, atol=1e-6)
+    assert not torch.allclose(hot, learner.logprobs(batch), atol=1e-3)
+    # rollouts sampled at temperature 2: the update's ratio is 1 at the step's temperature only
+    sampled = replace(batch, old_logprobs=hot)
+    assert learner.update(sampled, advantages, coefs=StepCoefs(temperature=2.0, kl_coef=0.1))["ratio"] == \
+        pytest.approx(1.0, abs=1e-5)
+    ratio_cold = Learner(copy.deepcopy(tiny_model), *learner_settings()).update(sampled, advantages)["ratio"]
+    assert abs(ratio_cold - 1.0) > 1e-3
+    # KL to the reference, both scored at the given temperature
+    for temperature in (1.0, 2.0):
+        kl = learner.reference_kl(batch, temperature)
+        assert torch.allclose(kl, learner.kl_fn(learner.logprobs(batch, temperature),
+                                                learner.logprobs(batch, temperature, learner.ref_model))
+                              * batch.loss_mask)
+    assert not torch.allclose(learner.reference_kl(batch, 1.0), learner.reference_kl(batch, 2.0))
 
 
 def test_a_float64_model_is_scored_in_float64(tiny_model, rl_batch):
@@ -134,8 +178,8 @@ def one_update(policy_model, batch, advantages, loss_agg="token-mean"):
     the update, the aggregation weights, the update's metrics and the batch as scored."""
     model = copy.deepcopy(policy_model).double()
     before = copy.deepcopy(model)
-    learner = Learner(model, LearnerConfig(lr=LR, loss_agg=loss_agg))
-    batch = replace(batch, old_logprobs=learner.score(batch))
+    learner = Learner(model, *learner_settings(lr=LR, loss_agg=loss_agg))
+    batch = replace(batch, old_logprobs=learner.logprobs(batch))
     weights = AGGREGATIONS.get(loss_agg)(batch.loss_mask)
     grads = torch.autograd.grad(surrogate(before, batch, advantages, weights), list(before.parameters()))
     metrics = learner.update(batch, advantages)
@@ -149,7 +193,7 @@ def test_one_update_is_adams_first_step_along_the_exact_policy_gradient(policy_m
     norm = float(torch.cat([g.flatten() for g in grads]).norm())
     assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-9)  # the norm before clipping
     assert metrics["pg_loss"] == pytest.approx(-float((weights.double() * advantages).sum()), rel=1e-9)  # ratio 1
-    clip = min(1.0, LearnerConfig().max_grad_norm / (norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
+    clip = min(1.0, OptimConfig().max_grad_norm / (norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
     with torch.no_grad():
         for (name, p0), p1, g in zip(before.named_parameters(), after.parameters(), grads):
             assert not torch.equal(p1, p0), f"{name} did not move"

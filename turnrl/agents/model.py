@@ -53,6 +53,10 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> Qwen2For
     return model.float()
 
 
+# the dtypes a checkpoint may be loaded in (agent.dtype)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
 def load_pretrained(path: str, dtype: str = "float32") -> tuple[PreTrainedModel, object]:
     """Load any Hugging Face causal LM and its tokenizer from a local path or hub id.
 

@@ -9,6 +9,10 @@ from turnrl.agents.renderer import ChatRenderer
 from turnrl.rollout.trajectory import Trajectory
 
 
+# the scripted players of an env (agent.warmstart.player)
+PLAYERS = ("expert", "weak")
+
+
 def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expert", split: str = "train",
                      rng: np.random.Generator | None = None) -> Trajectory:
     """Play one episode with the env's scripted player and render it as a ``Trajectory``.
@@ -22,8 +26,8 @@ def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expe
         split: the task split.
         rng: randomness of the weak player.
     """
-    if player not in ("expert", "weak"):
-        raise ValueError(f"player must be 'expert' or 'weak', got {player!r}")
+    if player not in PLAYERS:
+        raise ValueError(f"player must be one of {PLAYERS}, got {player!r}")
     rng = rng if rng is not None else np.random.default_rng(seed)
     base = env.unwrapped
     obs, info = env.reset(seed=seed, options={"split": split})

@@ -82,6 +82,10 @@ def _import_vllm():
     return vllm
 
 
+# the engine dtypes VLLMEngineConfig takes (agent.vllm.dtype)
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+
+
 @dataclass(frozen=True)
 class VLLMEngineConfig:
     """How the vLLM engine is started (the knobs a training config sets).
@@ -117,8 +121,8 @@ class VLLMEngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

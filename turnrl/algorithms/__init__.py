@@ -5,7 +5,8 @@ from turnrl.algorithms import critic_advantages, turn_advantages  # noqa: F401  
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch, collate
-from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.algorithms.config import LossConfig, OptimConfig
+from turnrl.algorithms.learner import Learner, StepCoefs
 from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
 from turnrl.algorithms.scoring import token_logprobs
 
@@ -14,7 +15,9 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "Learner",
-    "LearnerConfig",
+    "LossConfig",
+    "OptimConfig",
+    "StepCoefs",
     "TrainBatch",
     "VALUE_TARGETS",
     "collate",

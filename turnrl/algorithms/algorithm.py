@@ -9,32 +9,18 @@ go through ``state()`` / ``load_state(ckpt)``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.batch import TrainBatch
-from turnrl.algorithms.critic import Critic, CriticConfig, CriticLearner, new_value_head
+from turnrl.algorithms.critic import Critic, CriticLearner, new_value_head
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.credit import Credited, assign_credit
 from turnrl.algorithms.kl_control import KLController
-from turnrl.algorithms.learner import Learner, LearnerConfig
+from turnrl.algorithms.learner import Learner, StepCoefs
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.build import advantage_fn
 from turnrl.conf.schema import Config
-
-
-@dataclass(frozen=True)
-class StepCoefs:
-    """The coefficients of one step: the sampling temperature (the learner computes logprobs at the
-    same one), the entropy bonus's weight and the KL penalty's weight."""
-
-    temperature: float
-    entropy_coef: float
-    kl_coef: float
-
-    def metrics(self) -> dict[str, float]:
-        return {"kl_coef": self.kl_coef, "entropy_coef": self.entropy_coef, "temperature": self.temperature}
 
 
 class Algorithm:
@@ -56,21 +42,10 @@ class Algorithm:
         if acfg.advantage in VALUE_TARGETS:  # a separate critic model, or a value head on the policy's backbone
             self.value_targets = partial(VALUE_TARGETS.get(acfg.advantage), **acfg.advantage_kwargs)
             if acfg.critic == "separate":
-                self.critic = CriticLearner(Critic.from_policy(model).to(device), CriticConfig(
-                    lr=acfg.critic_lr, value_clip=acfg.value_clip, max_grad_norm=tcfg.max_grad_norm,
-                    micro_batch_size=tcfg.micro_batch_size))
+                self.critic = CriticLearner(Critic.from_policy(model).to(device), acfg, tcfg)
             else:
                 self.value_head = new_value_head(model.config.hidden_size).to(device)
-        self.learner = Learner(model, LearnerConfig(
-            lr=tcfg.lr, max_grad_norm=tcfg.max_grad_norm, ppo_epochs=acfg.ppo_epochs,
-            num_minibatches=acfg.num_minibatches, micro_batch_size=tcfg.micro_batch_size,
-            clip_low=acfg.clip_low, clip_high=acfg.clip_high, kl_coef=acfg.kl_coef,
-            kl_estimator=acfg.kl_estimator, entropy_coef=acfg.entropy_coef,
-            temperature=cfg.agent.temperature, loss_agg=acfg.loss_agg, kl_placement=acfg.kl_placement,
-            dual_clip=acfg.dual_clip, log_ratio_clip=acfg.log_ratio_clip, tis=acfg.tis, tis_cap=acfg.tis_cap,
-            vf_coef=acfg.vf_coef, value_clip=acfg.value_clip, mixed_precision=tcfg.mixed_precision,
-            gradient_checkpointing=tcfg.gradient_checkpointing, lora_rank=tcfg.lora_rank,
-        ), value_head=self.value_head, accelerator=accelerator)
+        self.learner = Learner(model, acfg, tcfg, value_head=self.value_head, accelerator=accelerator)
         self.kl_ctl = KLController(acfg.kl_coef, acfg.kl_target, acfg.kl_horizon)
         self._entropy = partial(SCHEDULES.get(acfg.entropy_schedule), acfg.entropy_coef, acfg.entropy_coef_end)
         self._temperature = partial(SCHEDULES.get(cfg.agent.temperature_schedule), cfg.agent.temperature,
@@ -94,31 +69,25 @@ class Algorithm:
     # ---------------------------------------------------------------- credit and update
     def credit(self, batch: TrainBatch, coefs: StepCoefs) -> Credited:
         """KL in the reward, the critic's values and the advantages of ``batch`` (before the update)."""
-        self._use(coefs)
         kl_in_reward = self.cfg.algorithm.kl_placement == "reward" and self.learner.ref_model is not None
         values = None
         if self.value_targets is not None:
             values = self.critic.values if self.critic is not None else self.learner.values
         return assign_credit(batch, self.advantage_fn, kl_coef=coefs.kl_coef,
-                             reference_kl=self.learner.reference_kl if kl_in_reward else None,
+                             reference_kl=partial(self.learner.reference_kl, temperature=coefs.temperature)
+                             if kl_in_reward else None,
                              values=values, value_targets=self.value_targets)
 
     def update(self, credited: Credited, coefs: StepCoefs) -> dict[str, float]:
         """One update of the policy (and critic) on ``credited``; returns the step's figures."""
-        self._use(coefs)
         batch = credited.batch
         metrics = self.learner.update(batch, credited.advantages,
-                                      credited.returns if self.value_head is not None else None)
+                                      credited.returns if self.value_head is not None else None, coefs=coefs)
         if self.critic is not None:
             metrics.update(self.critic.update(batch, credited.returns, batch.values))
         if credited.reward_kl is not None:
             metrics["kl"] = credited.reward_kl
         return metrics
-
-    def _use(self, coefs: StepCoefs) -> None:
-        self.learner.cfg.temperature = coefs.temperature
-        self.learner.cfg.entropy_coef = coefs.entropy_coef
-        self.learner.cfg.kl_coef = coefs.kl_coef
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> tuple[dict, dict, float]:

@@ -5,11 +5,15 @@ clipped value-loss update. (A value head on the policy's own backbone is trained
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 
 from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.config import LossConfig, OptimConfig
+
+# algorithm.critic: a separate critic model (CriticLearner), or a value head on the policy's
+# backbone (shared, trained by the Learner)
+CRITICS = ("separate", "shared")
 
 
 def new_value_head(hidden_size: int) -> torch.nn.Linear:
@@ -55,25 +59,23 @@ class Critic(torch.nn.Module):
         return torch.zeros(score_mask.shape, dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
 
 
-@dataclass
-class CriticConfig:
-    """Optimisation settings of the critic."""
-
-    lr: float = 1e-3  # Adam learning rate
-    value_clip: float | None = 0.2  # PPO value clipping around the old values (None = off)
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 64
-    epochs: int = 1  # passes over each batch
-
-
 class CriticLearner:
     """Fits a ``Critic`` to value targets with the clipped value loss
     ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)`` averaged over every
-    sampled token of the batch (global count, so micro-batching does not change it)."""
+    sampled token of the batch (global count, so micro-batching does not change it).
 
-    def __init__(self, critic: Critic, cfg: CriticConfig):
-        self.critic, self.cfg = critic, cfg
-        self.optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=cfg.lr)
+    Args:
+        critic: the critic model (trained in place).
+        loss: reads ``critic_lr`` (AdamW learning rate), ``value_clip`` (``c``; None = off) and
+            ``critic_epochs`` (passes, one optimizer step each) of a run's ``cfg.algorithm``.
+        optim: reads ``weight_decay``, ``max_grad_norm`` and ``micro_batch_size`` of a run's
+            ``cfg.trainer`` (shared with the policy's learner).
+    """
+
+    def __init__(self, critic: Critic, loss: LossConfig, optim: OptimConfig):
+        self.critic, self.loss_cfg, self.optim_cfg = critic, loss, optim
+        self.optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=loss.critic_lr,
+                                           weight_decay=optim.weight_decay)
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
@@ -81,7 +83,7 @@ class CriticLearner:
         self.critic.eval()
         device = next(self.critic.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in torch.arange(len(batch)).split(self.cfg.micro_batch_size):
+        for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
             mb = batch.rows(micro).to(device)
             out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask).to(out.device) * batch.loss_mask[micro]
         return out
@@ -89,28 +91,28 @@ class CriticLearner:
     def update(self, batch: TrainBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
         """Fit the critic; returns ``value_loss``, ``value_clip_frac`` (means over sampled
         tokens, last epoch), ``explained_variance`` of the returns by the old values."""
-        cfg = self.cfg
+        loss_cfg, optim_cfg = self.loss_cfg, self.optim_cfg
         device = next(self.critic.parameters()).device
         batch, returns, old_values = batch.to(device), returns.to(device), old_values.to(device)
         self.critic.train()
         total = batch.loss_mask.sum().clamp(min=1.0)
-        for _ in range(cfg.epochs):
+        for _ in range(loss_cfg.critic_epochs):
             loss_sum, clipped = 0.0, 0.0
-            for micro in torch.arange(len(batch), device=device).split(cfg.micro_batch_size):
+            for micro in torch.arange(len(batch), device=device).split(optim_cfg.micro_batch_size):
                 mb = batch.rows(micro)
                 mask = mb.loss_mask
                 v = self.critic(mb.input_ids, mb.attention_mask, mask)
                 r, v_old = returns[micro], old_values[micro]
                 err = (v - r) ** 2
-                if cfg.value_clip is not None:
-                    v_clipped = v_old + (v - v_old).clamp(-cfg.value_clip, cfg.value_clip)
+                if loss_cfg.value_clip is not None:
+                    v_clipped = v_old + (v - v_old).clamp(-loss_cfg.value_clip, loss_cfg.value_clip)
                     err_clipped = (v_clipped - r) ** 2
                     clipped += float(((err_clipped > err).float() * mask).sum())
                     err = torch.maximum(err, err_clipped)
                 loss = 0.5 * (err * mask).sum() / total
                 loss.backward()
                 loss_sum += loss.item()
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), optim_cfg.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         mask = batch.loss_mask.bool()

@@ -14,42 +14,34 @@ import torch
 from turnrl import distributed
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.config import LossConfig, OptimConfig
 from turnrl.algorithms.importance import LEVELS, logprob_mismatch, truncated_is_weights
 from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
 from turnrl.algorithms.scoring import token_logprobs
 
 
-@dataclass
-class LearnerConfig:
-    """Optimisation settings of the policy update."""
+@dataclass(frozen=True)
+class StepCoefs:
+    """The coefficients of one training step, which schedules and controllers move between
+    steps (the configs' ``entropy_coef`` and ``kl_coef`` are their values at the first step).
 
-    lr: float = 3e-4  # Adam learning rate
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    max_grad_norm: float = 1.0  # gradient clipping by global norm
-    ppo_epochs: int = 1  # passes over each rollout batch
-    num_minibatches: int = 1  # optimizer steps per pass (batch split into this many)
-    micro_batch_size: int = 64  # rows per forward/backward (gradient accumulation inside a minibatch)
-    clip_low: float = 0.2  # PPO ratio clip below 1
-    clip_high: float = 0.2  # PPO ratio clip above 1
-    kl_coef: float = 0.0  # weight of KL(pi || pi_ref) in the loss; 0 disables the reference model
-    kl_estimator: str = "k3"  # per-token KL estimator name
-    entropy_coef: float = 0.0  # weight of the entropy bonus (subtracted from the loss)
-    temperature: float = 1.0  # the sampling temperature: logits are scaled the same way
-    loss_agg: str = "token-mean"  # loss aggregation mode (turnrl.algorithms.aggregation)
-    kl_placement: str = "loss"  # "loss": beta * KL in the loss; "reward": the trainer puts it in the rewards
-    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages (None = off)
-    log_ratio_clip: float = 20.0  # |log ratio| is clamped to this before exp
-    tis: str = "none"  # truncated importance sampling vs the sampler: none, token or sequence
-    tis_cap: float = 2.0  # upper truncation of the TIS ratio
-    vf_coef: float = 0.5  # weight of the value loss of a shared value head
-    value_clip: float | None = 0.2  # PPO value clipping of the shared value head (None = off)
-    mixed_precision: str = "no"  # "bf16": forward passes under bf16 autocast (fp32 weights); "no": fp32
-    gradient_checkpointing: bool = False  # recompute activations in backward (model.gradient_checkpointing_enable)
-    lora_rank: int = 0  # > 0: train LoRA adapters of this rank (peft, the "lora" extra) instead of all weights
-    lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by alpha / rank)
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                            "down_proj")  # module names that get adapters
+    Attributes:
+        temperature: the temperature the step's rollouts were sampled at; logits are scaled
+            by it wherever the learner scores tokens, so its logprobs are the sampler's.
+        entropy_coef: weight of the entropy bonus (subtracted from the loss).
+        kl_coef: weight of the KL to the reference in the loss (``kl_placement="loss"``;
+            used only by a learner with a reference model, i.e. ``LossConfig.kl_coef > 0``).
+    """
+
+    temperature: float = 1.0
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+
+    @classmethod
+    def initial(cls, loss: LossConfig, temperature: float = 1.0) -> "StepCoefs":
+        """The first step's coefficients: ``loss.entropy_coef`` and ``loss.kl_coef`` at ``temperature``."""
+        return cls(temperature=temperature, entropy_coef=loss.entropy_coef, kl_coef=loss.kl_coef)
 
 
 MIXED_PRECISION = ("no", "bf16")
@@ -83,7 +75,10 @@ class Learner:
 
     Args:
         model: the policy (trained in place).
-        cfg: learner settings.
+        loss: the loss settings (``cfg.algorithm`` of a run); read, never changed.
+            ``loss.kl_coef > 0`` gives the learner a frozen reference model (a copy of
+            ``model`` now); each step's KL and entropy weights come with ``update``.
+        optim: the optimizer settings (``cfg.trainer`` of a run); read, never changed.
         value_head: a value head sharing the policy's backbone (``value_head(hidden [M, H]) ->
             [M, 1]``), trained in the same forward and backward with ``vf_coef`` times the
             clipped value loss; None for no shared critic (a separate critic model has its
@@ -94,41 +89,47 @@ class Learner:
             or per-rank rollouts; at least one row per process). Its
             ``gradient_accumulation_steps`` must be 1: the learner accumulates micro-batches
             itself, all-reducing gradients once per optimizer step. None: plain torch.
+
+    Raises:
+        ValueError: On a ``kl_placement``, ``tis`` or ``mixed_precision`` that is not one of
+            the allowed names, or an accelerator that accumulates gradients itself.
+        KeyError: On an unknown ``kl_estimator`` or ``loss_agg`` (listing the valid names).
     """
 
-    def __init__(self, model, cfg: LearnerConfig, value_head: torch.nn.Module | None = None, accelerator=None):
-        if cfg.kl_placement not in PLACEMENTS:
-            raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {cfg.kl_placement!r}")
-        if cfg.tis not in LEVELS:
-            raise ValueError(f"tis must be one of {LEVELS}, got {cfg.tis!r}")
-        if cfg.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {cfg.mixed_precision!r}")
+    def __init__(self, model, loss: LossConfig, optim: OptimConfig, value_head: torch.nn.Module | None = None,
+                 accelerator=None):
+        if loss.kl_placement not in PLACEMENTS:
+            raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {loss.kl_placement!r}")
+        if loss.tis not in LEVELS:
+            raise ValueError(f"tis must be one of {LEVELS}, got {loss.tis!r}")
+        if optim.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {optim.mixed_precision!r}")
         if accelerator is not None and accelerator.gradient_accumulation_steps != 1:
             raise ValueError("build the Accelerator with gradient_accumulation_steps=1: the learner accumulates "
-                             "micro-batches itself (LearnerConfig.micro_batch_size)")
+                             "micro-batches itself (OptimConfig.micro_batch_size)")
         self.model = model
-        self.cfg = cfg
+        self.loss_cfg, self.optim_cfg = loss, optim
         self.value_head = value_head
         self.accelerator = accelerator
-        if cfg.gradient_checkpointing:
+        if optim.gradient_checkpointing:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise TypeError(f"gradient_checkpointing needs a transformers model, got {type(model).__name__}")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model = None
-        if cfg.kl_coef > 0:
+        if loss.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        if cfg.lora_rank > 0:
-            _add_lora(model, cfg)
+        if optim.lora_rank > 0:
+            _add_lora(model, optim)
         self.forward_module = PolicyForward(model, value_head)
         params = [p for p in self.forward_module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         self._forward = self.forward_module
         if accelerator is not None:
             self._forward, self.optimizer = accelerator.prepare(self.forward_module, self.optimizer)
             if self.ref_model is not None:
                 self.ref_model.to(accelerator.device)
-        self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator)
-        self.aggregate = AGGREGATIONS.get(cfg.loss_agg)
+        self.kl_fn = KL_ESTIMATORS.get(loss.kl_estimator)
+        self.aggregate = AGGREGATIONS.get(loss.loss_agg)
 
     @property
     def num_processes(self) -> int:
@@ -136,10 +137,11 @@ class Learner:
         return 1 if self.accelerator is None else self.accelerator.num_processes
 
     def _autocast(self, device: torch.device):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision == "bf16")
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                              enabled=self.optim_cfg.mixed_precision == "bf16")
 
-    def update(self, batch: TrainBatch, advantages: torch.Tensor, returns: torch.Tensor | None = None
-               ) -> dict[str, float]:
+    def update(self, batch: TrainBatch, advantages: torch.Tensor, returns: torch.Tensor | None = None, *,
+               coefs: StepCoefs | None = None) -> dict[str, float]:
         """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch.
 
         Args:
@@ -147,6 +149,8 @@ class Learner:
             advantages: ``[N, T]`` per-token advantages (0 off the loss mask).
             returns: ``[N, T]`` value targets, with a shared value head (whose old values are
                 ``batch.values``).
+            coefs: this step's temperature (the sampler's), entropy and KL weights; None:
+                ``StepCoefs.initial(self.loss_cfg)`` (the first step's weights, temperature 1).
 
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
@@ -158,7 +162,8 @@ class Learner:
             raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
         if self.value_head is not None and (returns is None or batch.values is None):
             raise ValueError("a learner with a shared value head needs returns and batch.values (old values)")
-        cfg, n = self.cfg, len(batch)
+        loss_cfg, n = self.loss_cfg, len(batch)
+        coefs = StepCoefs.initial(loss_cfg) if coefs is None else coefs
         world = self.num_processes
         if world > 1 and n == 0:
             raise ValueError("every process needs at least one row of the batch; shard it with "
@@ -171,20 +176,21 @@ class Learner:
         reduce = distributed.all_reduce if world > 1 else (lambda t, op="sum": t)
         weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
         total_rows = int(reduce(torch.tensor(float(n), device=device)))
-        minibatches = [r.to(device) for r in distributed.minibatch_splits(n, max(1, min(cfg.num_minibatches,
+        minibatches = [r.to(device) for r in distributed.minibatch_splits(n, max(1, min(loss_cfg.num_minibatches,
                                                                                           total_rows)))]
         # the sampler/learner mismatch is measured on the learner's logprobs before any step:
         # from a no-grad pre-pass with TIS (whose ratio then uses the learner's logprobs as
         # "old"), else for free on the first minibatch's first forward
         mismatch = {"mismatch_abs": 0.0, "mismatch_kl": 0.0, "mismatch_max": 0.0, "tokens": 0.0}
         is_weights = None
-        if cfg.tis != "none":
-            learner_old = self.score(batch)
+        if loss_cfg.tis != "none":
+            learner_old = self.logprobs(batch, coefs.temperature)
             _add_mismatch(mismatch, learner_old, batch.old_logprobs, batch.loss_mask)
-            is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, cfg.tis, cfg.tis_cap)
+            is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, loss_cfg.tis,
+                                              loss_cfg.tis_cap)
             batch = replace(batch, old_logprobs=learner_old)
         grad_norms, extremes = [], {"ratio_max": 0.0, "ratio_min": float("inf")}
-        for epoch in range(cfg.ppo_epochs):
+        for epoch in range(loss_cfg.ppo_epochs):
             sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
                                      "ratio", "tokens", "value_loss", "value_clipped")}
             for m, rows in enumerate(minibatches):
@@ -193,7 +199,7 @@ class Learner:
                 weights = torch.zeros_like(batch.loss_mask)
                 weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
                 value_weights = batch.loss_mask / reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
-                micros = list(rows.split(cfg.micro_batch_size)) if len(rows) else []
+                micros = list(rows.split(self.optim_cfg.micro_batch_size)) if len(rows) else []
                 if not micros:  # an empty local minibatch: a zero-weight row still joins the all-reduce
                     micros = [torch.zeros(1, dtype=torch.long, device=device)]
                     weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
@@ -202,8 +208,8 @@ class Learner:
                     value_args = None if returns is None else (returns[micro], value_weights[micro])
                     sync = i == len(micros) - 1 or self.accelerator is None
                     with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
-                        self._backward(batch.rows(micro), advantages[micro], weights[micro], sums, isw, extremes,
-                                       measure, value_args, record=len(rows) > 0)
+                        self._backward(batch.rows(micro), advantages[micro], weights[micro], coefs, sums, isw,
+                                       extremes, measure, value_args, record=len(rows) > 0)
                 grad_norms.append(float(self._clip_grad_norm()))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -239,45 +245,50 @@ class Learner:
 
     def _clip_grad_norm(self) -> torch.Tensor:
         if self.accelerator is not None:
-            return self.accelerator.clip_grad_norm_(self._params(), self.cfg.max_grad_norm)
-        return torch.nn.utils.clip_grad_norm_(self._params(), self.cfg.max_grad_norm)
+            return self.accelerator.clip_grad_norm_(self._params(), self.optim_cfg.max_grad_norm)
+        return torch.nn.utils.clip_grad_norm_(self._params(), self.optim_cfg.max_grad_norm)
 
     def _params(self):
         return list(self.forward_module.parameters())
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        """``[N, T]`` values of the shared value head (no gradient); 0 off the loss mask."""
+        """``[N, T]`` values of the shared value head (no gradient); 0 off the loss mask.
+
+        They are read from hidden states, before the logits, so no step coefficient (not the
+        temperature either) changes them."""
         if self.value_head is None:
             raise RuntimeError("this learner has no shared value head")
         device = next(self.model.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in torch.arange(len(batch)).split(self.cfg.micro_batch_size):
+        for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
             mb = batch.rows(micro).to(device)
             with self._autocast(device):
-                _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, self.cfg.temperature,
-                                              with_entropy=False)
+                _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
             out[micro] = v.to(out.device)
         return out
 
     @torch.no_grad()
-    def score(self, batch: TrainBatch, model=None) -> torch.Tensor:
-        """``[N, T]`` logprobs of the sampled tokens under ``model`` (default: the policy), no
-        gradient, in micro-batches; 0 off the loss mask. Float32, or float64 for a float64 model."""
+    def logprobs(self, batch: TrainBatch, temperature: float = 1.0, model=None) -> torch.Tensor:
+        """``[N, T]`` logprobs of the sampled tokens under ``softmax(logits / temperature)`` of
+        ``model`` (default: the policy), no gradient, in micro-batches; 0 off the loss mask.
+        Float32, or float64 for a float64 model."""
         model = self.model if model is None else model
         dtype = torch.promote_types(batch.loss_mask.dtype, next(model.parameters()).dtype)
         out = torch.zeros_like(batch.loss_mask, dtype=dtype)
-        for micro in torch.arange(len(batch), device=batch.loss_mask.device).split(self.cfg.micro_batch_size):
+        rows = torch.arange(len(batch), device=batch.loss_mask.device)
+        for micro in rows.split(self.optim_cfg.micro_batch_size):
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):
-                lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
+                lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature,
                                        score_mask=mb.loss_mask)
             out[micro] = lp * mb.loss_mask
         return out
 
-    def reference_kl(self, batch: TrainBatch) -> torch.Tensor:
-        """``[N, T]`` per-token KL estimates of the policy to the frozen reference (for KL in
-        the reward); 0 off the loss mask.
+    def reference_kl(self, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
+        """``[N, T]`` per-token KL estimates (``loss.kl_estimator``) of the policy to the frozen
+        reference, both at ``temperature`` (the step's sampling temperature), for KL in the
+        reward; 0 off the loss mask.
 
         Raises:
             RuntimeError: If the learner has no reference model (``kl_coef == 0``).
@@ -286,17 +297,18 @@ class Learner:
             raise RuntimeError("no reference model: set kl_coef > 0 to use KL to the reference")
         device = next(self.model.parameters()).device
         batch = batch.to(device)
-        return self.kl_fn(self.score(batch), self.score(batch, self.ref_model)) * batch.loss_mask
+        return self.kl_fn(self.logprobs(batch, temperature),
+                          self.logprobs(batch, temperature, self.ref_model)) * batch.loss_mask
 
-    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, sums: dict,
+    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, coefs: StepCoefs, sums: dict,
                   is_weights: torch.Tensor | None, extremes: dict, measure: dict | None,
                   value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> None:
         """Forward and backward of one micro-batch; ``record=False`` (a zero-weight stand-in
         row that only joins the gradient all-reduce) leaves the statistics alone."""
-        cfg = self.cfg
+        cfg = self.loss_cfg
         mask = mb.loss_mask
         with self._autocast(mask.device):
-            logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, cfg.temperature)
+            logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, coefs.temperature)
         if measure is not None and record:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = ppo_clip_loss(
@@ -305,17 +317,17 @@ class Learner:
         )
         ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))
         loss = pg_loss
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * (entropy * weights).sum()
+        if coefs.entropy_coef:
+            loss = loss - coefs.entropy_coef * (entropy * weights).sum()
         kl_sum = 0.0
         if self.ref_model is not None and cfg.kl_placement == "loss":
             with torch.no_grad(), self._autocast(mask.device):
                 ref_logprobs, _ = token_logprobs(
-                    self.ref_model, mb.input_ids, mb.attention_mask, cfg.temperature, score_mask=mask
+                    self.ref_model, mb.input_ids, mb.attention_mask, coefs.temperature, score_mask=mask
                 )
             kl = self.kl_fn(logprobs, ref_logprobs)
             kl_sum = float((kl.detach() * mask).sum())
-            loss = loss + cfg.kl_coef * (kl * weights).sum()
+            loss = loss + coefs.kl_coef * (kl * weights).sum()
         value_loss = value_clipped = 0.0
         if value_args is not None:  # the shared value head, on the same forward's hidden states
             returns, value_weights = value_args
@@ -346,15 +358,16 @@ class Learner:
             sums[k] += float(v)
 
 
-def _add_lora(model, cfg: LearnerConfig) -> None:
+def _add_lora(model, optim: OptimConfig) -> None:
     """Inject LoRA adapters into ``model`` in place (it keeps its class, so sampling uses them)
     and freeze every other weight. The adapters start at zero: the policy is unchanged."""
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
-        raise ImportError("LearnerConfig.lora_rank > 0 needs peft: pip install 'turnrl[lora]'") from e
-    inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                       target_modules=list(cfg.lora_target_modules)), model)
+        raise ImportError("trainer.lora_rank > 0 (OptimConfig.lora_rank) needs peft: pip install 'turnrl[lora]'"
+                          ) from e
+    inject_adapter_in_model(LoraConfig(r=optim.lora_rank, lora_alpha=optim.lora_alpha, lora_dropout=0.0,
+                                       target_modules=list(optim.lora_target_modules)), model)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
 

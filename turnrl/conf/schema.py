@@ -1,5 +1,14 @@
 """Structured-config schemas: Hydra validates every YAML file and override against them, so
-a mistyped key or a value of the wrong type fails at start-up naming the key."""
+a mistyped key or a value of the wrong type fails at start-up naming the key.
+
+Every setting is declared once. The learner's and critic's settings are declared in
+``turnrl.algorithms.config`` (``LossConfig``, ``OptimConfig``) and inherited here by
+``AlgorithmConfig`` and ``TrainerConfig``, so they appear in Hydra as ``algorithm.<field>``
+and ``trainer.<field>`` and the trainer hands ``cfg.algorithm`` / ``cfg.trainer`` to the
+learner as they are. Values that are allowed by type but not by meaning (an unknown estimator
+name, conflicting switches) are checked by ``turnrl.conf.validate.validate`` before a run
+starts. The config-group YAMLs state only what differs from these defaults.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+
+from turnrl.algorithms.config import LossConfig, OptimConfig
 
 
 @dataclass
@@ -146,76 +157,42 @@ class AgentConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class AlgorithmConfig(LossConfig):
+    """The advantage estimator and the losses (the loss fields, clip_low ... critic_epochs, are
+    LossConfig's: see turnrl/algorithms/config.py for each one's meaning and default)."""
+
     # advantage estimator, a name in turnrl.algorithms.ADVANTAGES
     advantage: str = "grpo"
     # keyword arguments of the advantage estimator (e.g. normalize_std)
     advantage_kwargs: dict[str, Any] = field(default_factory=dict)
-    # PPO ratio clip below 1
-    clip_low: float = 0.2
-    # PPO ratio clip above 1 (clip-higher when > clip_low)
-    clip_high: float = 0.2
-    # passes over each rollout batch
-    ppo_epochs: int = 1
-    # optimizer steps per pass
-    num_minibatches: int = 1
-    # weight of KL to the frozen initial policy in the loss (0 = no reference model)
-    kl_coef: float = 0.0
-    # per-token KL estimator: k1, k2 or k3
-    kl_estimator: str = "k3"
-    # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (each
-    # turn's reward is lowered by beta * its tokens' KL, before the advantage estimator)
-    kl_placement: str = "loss"
     # adaptive KL: the per-token KL to steer to (null = fixed kl_coef; needs kl_coef > 0)
     kl_target: Optional[float] = None
     # adaptive KL: trajectories over which beta moves by about 20%
     kl_horizon: int = 10000
-    # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c
-    dual_clip: Optional[float] = None
-    # |log ratio| is clamped to this before exp (a stale token cannot overflow the ratio)
-    log_ratio_clip: float = 20.0
-    # truncated importance sampling against the sampler's logprobs: none, token or sequence
-    tis: str = "none"
-    # upper truncation of the TIS ratio
-    tis_cap: float = 2.0
-    # weight of the entropy bonus (at the first step)
-    entropy_coef: float = 0.0
-    # schedule of the entropy weight over trainer.steps: constant, linear or cosine
+    # schedule of the entropy weight (from entropy_coef) over trainer.steps: constant, linear or cosine
     entropy_schedule: str = "constant"
     # entropy weight at the last step (linear / cosine schedules)
     entropy_coef_end: float = 0.0
-    # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
-    # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
-    loss_agg: str = "token-mean"
     # critic-based estimators (gae, turn_gae): "separate" (a critic model: a copy of the
-    # policy's backbone + value head) or "shared" (a value head on the policy's own backbone,
-    # trained in the policy's forward with vf_coef)
+    # policy's backbone + value head, trained with critic_lr) or "shared" (a value head on the
+    # policy's own backbone, trained in the policy's forward with vf_coef)
     critic: str = "separate"
-    # weight of the value loss of a shared value head
-    vf_coef: float = 0.5
-    # Adam learning rate of a separate critic model
-    critic_lr: float = 1e-3
-    # PPO value clipping around the old values (null = off)
-    value_clip: Optional[float] = 0.2
     # anchor-state grouping for step-level credit (GiGPO): null = exact state_key match,
     # a float in (0, 1] also merges keys whose text is at least this similar
     state_similarity: Optional[float] = None
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(OptimConfig):
+    """The loop: steps, batch shape, evaluation, checkpoints, parallelism (the optimizer fields,
+    lr ... lora_target_modules, are OptimConfig's: see turnrl/algorithms/config.py)."""
+
     # RL steps (one rollout batch and update each)
     steps: int = 300
     # distinct tasks per step (B)
     tasks_per_step: int = 8
     # samples per task (G); GRPO's group
     group_size: int = 8
-    # Adam learning rate of the RL updates
-    lr: float = 3e-4
-    # gradient clipping by global norm
-    max_grad_norm: float = 1.0
-    # rows per forward/backward pass
-    micro_batch_size: int = 64
     # evaluate on held-out tasks every this many steps (and before the first)
     eval_every: int = 25
     # held-out (test-split) episodes per evaluation, greedy decoding
@@ -249,12 +226,6 @@ class TrainerConfig:
     # each process collects its share of a step's tasks (whole groups), the learner all-reduces
     # gradients (DDP) with the loss normalised by global counts; the main process writes
     accelerate: bool = False
-    # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32
-    mixed_precision: str = "no"
-    # recompute activations in the backward pass (less memory, more compute)
-    gradient_checkpointing: bool = False
-    # > 0: train LoRA adapters of this rank instead of every weight (needs the "lora" extra: peft)
-    lora_rank: int = 0
     # write TensorBoard event files beside metrics.jsonl
     tensorboard: bool = True
     # show a progress bar

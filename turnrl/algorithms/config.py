@@ -1,0 +1,87 @@
+"""The learner's and critic's settings, declared once.
+
+``LossConfig`` (what is optimised: the policy and value losses) and ``OptimConfig`` (how: the
+optimizer, precision, adapters) are plain dataclasses. The Hydra schema's ``AlgorithmConfig``
+and ``TrainerConfig`` (``turnrl.conf.schema``) inherit them, so ``algorithm.clip_low`` or
+``trainer.weight_decay`` on the command line set exactly these fields, and the trainer hands
+``cfg.algorithm`` and ``cfg.trainer`` to ``Learner`` / ``CriticLearner`` as they are. No
+other dataclass declares these fields (``tests/conf/test_declared_once.py``).
+
+The learner only reads them. What changes from step to step (sampling temperature, entropy
+weight, KL coefficient) is not here: it is ``turnrl.algorithms.learner.StepCoefs``, passed to
+each call. Choice fields are checked by ``turnrl.conf.validate.validate`` (and again by the
+learner's constructor, for direct callers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class LossConfig:
+    """Settings of the policy loss and the value loss (under ``algorithm.`` in Hydra)."""
+
+    # PPO ratio clip below 1
+    clip_low: float = 0.2
+    # PPO ratio clip above 1 (clip-higher when > clip_low)
+    clip_high: float = 0.2
+    # passes over each rollout batch
+    ppo_epochs: int = 1
+    # optimizer steps per pass (the batch is split into this many minibatches)
+    num_minibatches: int = 1
+    # weight of KL to the frozen initial policy in the loss, at the first step (0 = no reference
+    # model); the weight of each step is StepCoefs.kl_coef (the KL controller's value)
+    kl_coef: float = 0.0
+    # per-token KL estimator, a name in turnrl.algorithms.KL_ESTIMATORS: k1, k2 or k3
+    kl_estimator: str = "k3"
+    # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (each
+    # turn's reward is lowered by beta * its tokens' KL, before the advantage estimator)
+    kl_placement: str = "loss"
+    # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c (null = off)
+    dual_clip: Optional[float] = None
+    # |log ratio| is clamped to this before exp (a stale token cannot overflow the ratio)
+    log_ratio_clip: float = 20.0
+    # truncated importance sampling against the sampler's logprobs: none, token or sequence
+    tis: str = "none"
+    # upper truncation of the TIS ratio
+    tis_cap: float = 2.0
+    # weight of the entropy bonus at the first step (each step's is StepCoefs.entropy_coef)
+    entropy_coef: float = 0.0
+    # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
+    # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
+    loss_agg: str = "token-mean"
+    # weight of the value loss of a shared value head
+    vf_coef: float = 0.5
+    # PPO value clipping around the old values, of a shared value head or a separate critic (null = off)
+    value_clip: Optional[float] = 0.2
+    # AdamW learning rate of a separate critic model
+    critic_lr: float = 1e-3
+    # passes of a separate critic over each rollout batch (one optimizer step each)
+    critic_epochs: int = 1
+
+
+@dataclass
+class OptimConfig:
+    """Settings of the optimizer and the training forward (under ``trainer.`` in Hydra)."""
+
+    # AdamW learning rate of the RL updates
+    lr: float = 3e-4
+    # AdamW decoupled weight decay of the policy (and of a separate critic)
+    weight_decay: float = 0.0
+    # gradient clipping by global norm (policy and separate critic)
+    max_grad_norm: float = 1.0
+    # rows per forward/backward pass (gradient accumulation inside a minibatch)
+    micro_batch_size: int = 64
+    # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32
+    mixed_precision: str = "no"
+    # recompute activations in the backward pass (less memory, more compute)
+    gradient_checkpointing: bool = False
+    # > 0: train LoRA adapters of this rank instead of every weight (needs the "lora" extra: peft)
+    lora_rank: int = 0
+    # LoRA scaling numerator (an adapter's update is scaled by lora_alpha / lora_rank)
+    lora_alpha: float = 16.0
+    # names of the modules that get LoRA adapters (peft's target_modules)
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])

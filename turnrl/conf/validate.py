@@ -1,0 +1,156 @@
+"""``validate(cfg)``: the checks of a composed ``Config`` that its types cannot express.
+
+Hydra (the schema in ``turnrl.conf.schema``) already rejects unknown keys and values of the
+wrong type. What is left is meaning: a choice field must name a registered estimator,
+aggregation, schedule, parser, backend ...; numbers must be in range; and some switches
+exclude or need others. ``turnrl.trainer.train`` calls ``validate`` first, before any env,
+model or file is made, so a bad config fails in a second, with every problem listed at once.
+
+Every message names the key, the bad value, what is allowed and how to fix it. The registries
+and tuples are the ones the code looks names up in, so a newly registered name is valid here
+as soon as it exists.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+
+from turnrl.conf.schema import Config
+
+
+def validate(cfg: Config) -> None:
+    """Check ``cfg`` (a ``Config`` instance, e.g. ``OmegaConf.to_object`` of the composed
+    config) before any work.
+
+    Raises:
+        ValueError: Listing every problem found (one per line), each naming the key, its
+            value, the allowed values and the fix.
+    """
+    found = problems(cfg)
+    if found:
+        raise ValueError(f"invalid config ({len(found)} problem{'s' if len(found) > 1 else ''}):\n- "
+                         + "\n- ".join(found))
+
+
+def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
+    """``(key, value, allowed names)`` of every field of ``cfg`` that names one of a fixed set
+    (a registry the code looks the name up in, or a tuple of the accepted values)."""
+    from turnrl.agents.model import DTYPES
+    from turnrl.agents.routing import STRATEGIES
+    from turnrl.agents.scripted import PLAYERS
+    from turnrl.agents.vllm_policy import ENGINE_DTYPES
+    from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS
+    from turnrl.algorithms.critic import CRITICS
+    from turnrl.algorithms.importance import LEVELS
+    from turnrl.algorithms.kl_control import PLACEMENTS
+    from turnrl.algorithms.learner import MIXED_PRECISION
+    from turnrl.algorithms.schedules import SCHEDULES
+    from turnrl.build import BACKENDS
+    from turnrl.tools.parsers import PARSERS
+
+    agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
+    return [
+        ("agent.backend", agent.backend, BACKENDS),
+        ("agent.dtype", agent.dtype, DTYPES),
+        ("agent.vllm.dtype", agent.vllm.dtype, ENGINE_DTYPES),
+        ("agent.http.route_strategy", agent.http.route_strategy, STRATEGIES),
+        ("agent.tool_parser", agent.tool_parser, PARSERS.names()),
+        ("agent.temperature_schedule", agent.temperature_schedule, SCHEDULES.names()),
+        ("agent.warmstart.player", agent.warmstart.player, PLAYERS),
+        ("algorithm.advantage", algo.advantage, ADVANTAGES.names()),
+        ("algorithm.kl_estimator", algo.kl_estimator, KL_ESTIMATORS.names()),
+        ("algorithm.kl_placement", algo.kl_placement, PLACEMENTS),
+        ("algorithm.tis", algo.tis, LEVELS),
+        ("algorithm.loss_agg", algo.loss_agg, AGGREGATIONS.names()),
+        ("algorithm.critic", algo.critic, CRITICS),
+        ("algorithm.entropy_schedule", algo.entropy_schedule, SCHEDULES.names()),
+        ("trainer.mixed_precision", trainer.mixed_precision, MIXED_PRECISION),
+    ]
+
+
+def problems(cfg: Config) -> list[str]:
+    """The problems ``validate`` raises for, as messages (empty: the config is valid)."""
+    from turnrl.algorithms import ADVANTAGES, VALUE_TARGETS
+
+    agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
+    out: list[str] = []
+
+    # ------------------------------------------------------------ choice fields
+    for key, value, allowed in choice_fields(cfg):
+        if value not in allowed:
+            out.append(_not_one_of(key, value, allowed))
+    if algo.advantage in ADVANTAGES:
+        problem = advantage_kwargs_problem(algo.advantage, algo.advantage_kwargs)
+        if problem:
+            out.append(problem)
+
+    # ------------------------------------------------------------ ranges
+    at_least = [
+        ("algorithm.ppo_epochs", algo.ppo_epochs, 1), ("algorithm.num_minibatches", algo.num_minibatches, 1),
+        ("algorithm.critic_epochs", algo.critic_epochs, 1), ("trainer.micro_batch_size", trainer.micro_batch_size, 1),
+        ("trainer.lora_rank", trainer.lora_rank, 0), ("algorithm.kl_coef", algo.kl_coef, 0),
+    ]
+    for key, value, low in at_least:
+        if value < low:
+            out.append(f"{key}={value!r} must be >= {low}; set {key} to a value >= {low}")
+    if algo.tis_cap <= 0:
+        out.append(f"algorithm.tis_cap={algo.tis_cap!r} must be > 0 (the upper truncation of the TIS ratio, "
+                   "e.g. 2.0); set algorithm.tis_cap to a positive value")
+    if algo.dual_clip is not None and algo.dual_clip <= 1:
+        out.append(f"algorithm.dual_clip={algo.dual_clip!r} must be > 1 (e.g. 3.0) or null (off); "
+                   "set algorithm.dual_clip=3.0 or algorithm.dual_clip=null")
+    if algo.kl_target is not None and (algo.kl_target <= 0 or algo.kl_coef <= 0):
+        out.append(f"algorithm.kl_target={algo.kl_target!r} (adaptive KL) needs kl_target > 0 and an initial "
+                   f"algorithm.kl_coef > 0, got kl_coef={algo.kl_coef!r}; set both > 0 (e.g. algorithm.kl_coef=0.01), "
+                   "or algorithm.kl_target=null for a fixed coefficient")
+    if algo.state_similarity is not None and not 0 < algo.state_similarity <= 1:
+        out.append(f"algorithm.state_similarity={algo.state_similarity!r} must be in (0, 1] or null (exact "
+                   "state_key match); set it to e.g. 0.9, or algorithm.state_similarity=null")
+    if trainer.checkpoint_every < 0 or trainer.keep_checkpoints < 1:
+        out.append(f"trainer.checkpoint_every must be >= 0 (0 = off) and trainer.keep_checkpoints >= 1, got "
+                   f"{trainer.checkpoint_every!r} and {trainer.keep_checkpoints!r}; set e.g. "
+                   "trainer.checkpoint_every=50 trainer.keep_checkpoints=1")
+    staleness = trainer.max_staleness
+    staleness_ok = isinstance(staleness, int) and not isinstance(staleness, bool) and staleness >= 0
+    if not staleness_ok:
+        out.append(f"trainer.max_staleness must be an int >= 0 (0 = the synchronous algorithm), got {staleness!r}; "
+                   "set e.g. trainer.max_staleness=1")
+
+    # ------------------------------------------------------------ switches that exclude or need others
+    if trainer.async_rollouts and staleness_ok and staleness > 0 and algo.tis == "none":
+        out.append(f"trainer.max_staleness={staleness} samples rollouts with weights up to that many updates old, "
+                   "but algorithm.tis='none' does not correct for it; set algorithm.tis=token (or sequence) to "
+                   "correct for it by importance sampling, or trainer.max_staleness=0")
+    if agent.backend == "http" and trainer.accelerate:
+        out.append("agent.backend='http' with trainer.accelerate=true would have every process push the weights to "
+                   "the same servers; run the learner in one process against the servers (trainer.accelerate=false; "
+                   "several servers route the rollouts), or use agent.backend=vllm (one engine per process)")
+    if agent.vllm.sleep_during_update and (trainer.async_rollouts or agent.backend != "vllm"):
+        out.append(f"agent.vllm.sleep_during_update=true frees a colocated vLLM engine's memory during each update; "
+                   f"it needs agent.backend=vllm (got {agent.backend!r}) and synchronous rollouts "
+                   f"(trainer.async_rollouts=false, got {trainer.async_rollouts!r}); set those, or "
+                   "agent.vllm.sleep_during_update=false")
+    if trainer.accelerate and algo.advantage in VALUE_TARGETS and algo.critic == "separate":
+        out.append(f"trainer.accelerate=true trains the policy data-parallel, but algorithm.advantage="
+                   f"{algo.advantage!r} with algorithm.critic='separate' trains a critic model on one process; "
+                   "set algorithm.critic=shared (a value head trained data-parallel with the policy)")
+    return out
+
+
+def advantage_kwargs_problem(advantage: str, kwargs: Mapping) -> str | None:
+    """Why ``kwargs`` cannot be given to the registered estimator ``advantage`` (keys its
+    signature does not take), or None when it takes them all."""
+    from turnrl.algorithms import ADVANTAGES
+
+    accepted = set(inspect.signature(ADVANTAGES.get(advantage)).parameters) - {"batch"}
+    unknown = set(kwargs) - accepted
+    if not unknown:
+        return None
+    return (f"algorithm.advantage_kwargs has {sorted(unknown)}, which algorithm.advantage={advantage!r} does not "
+            f"take; it accepts {sorted(accepted)}: remove the others (e.g. ~algorithm.advantage_kwargs.{min(unknown)})")
+
+
+def _not_one_of(key: str, value, allowed: Sequence[str]) -> str:
+    allowed = list(allowed)
+    return f"{key}={value!r} is not one of {allowed}; set {key} to one of them (e.g. {key}={allowed[0]})"
