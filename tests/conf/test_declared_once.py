@@ -130,7 +130,7 @@ def test_new_hydra_keys_reach_the_learner_and_the_critic(tiny_model, tokenizer, 
     critic = CriticLearner(Critic.from_policy(tiny_model), cfg.algorithm, cfg.trainer)
     assert [(g["lr"], g["weight_decay"]) for g in critic.optimizer.param_groups] == [(0.02, 0.05)]
     batch = _scripted_batch(tokenizer, renderer)
-    critic.update(batch, batch.scores[:, None] * batch.loss_mask, critic.values(batch))
+    critic.update(batch, batch.rewards[:, None] * batch.loss_mask, critic.values(batch))
     steps = {int(state["step"]) for state in critic.optimizer.state.values()}
     assert steps == {3}  # one optimizer step per critic epoch
 
