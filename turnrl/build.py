@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import importlib
 import inspect
 from collections.abc import Callable
@@ -13,8 +12,10 @@ import gymnasium
 import turnrl.envs  # noqa: F401  (registers the turnrl/... ids)
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import TinyModelConfig, build_tiny_model, load_pretrained
+from turnrl.agents.protocol import RolloutPolicy
 from turnrl.agents.scripted import corpus_texts
 from turnrl.agents.tokenizer import build_tokenizer
+from turnrl.agents.weights import unwrap_model
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.conf.schema import Config
 
@@ -115,15 +116,17 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
 BACKENDS = ("transformers", "vllm", "http")
 
 
-def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool):
-    """The policy that samples training rollouts (``cfg.agent.backend``).
+def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool) -> RolloutPolicy:
+    """The policy that samples training rollouts (``cfg.agent.backend``), a ``RolloutPolicy``
+    for every backend (``turnrl.agents.protocol``: the caller needs no backend-specific code).
 
-    ``transformers``: a ``TransformersPolicy`` on ``model`` itself, or on a copy of it when
-    ``own_copy`` (asynchronous rollouts sample while the learner updates ``model``); ``vllm``: a
-    ``VLLMPolicy`` engine started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``);
-    ``http``: a ``ServedPolicy`` over the servers of ``cfg.agent.http``, weight pushes written to
-    ``agent.http.weights_dir`` (default ``workdir/weights``). All take the learner's weights
-    with ``load_weights``.
+    ``transformers``: a ``TransformersPolicy`` on ``model`` itself (``needs_weight_push``
+    False), or on a copy of it when ``own_copy`` (``TransformersPolicy.copy_of``: asynchronous
+    rollouts sample while the learner updates ``model``); ``vllm``: a ``VLLMPolicy`` engine
+    started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``); ``http``: a
+    ``ServedPolicy`` over the servers of ``cfg.agent.http``, weight pushes written to
+    ``agent.http.weights_dir`` (default ``workdir/weights``). All but the first take the
+    learner's weights with ``sync_from(model)`` (or ``load_weights(merged_state_dict(model))``).
 
     Raises:
         ValueError: On an unknown backend.
@@ -131,9 +134,9 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
     """
     backend = cfg.agent.backend
     if backend == "transformers":
-        policy = TransformersPolicy(copy.deepcopy(model) if own_copy else model, tokenizer, seed=seed)
-        policy.needs_weight_push = own_copy  # TEMP
-        return policy
+        if own_copy:
+            return TransformersPolicy.copy_of(model, tokenizer, seed=seed)
+        return TransformersPolicy(model, tokenizer, seed=seed)
     if backend == "vllm":
         from turnrl.agents.vllm_policy import VLLMEngineConfig, VLLMPolicy
 
@@ -157,7 +160,8 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
             raise ValueError(f"agent.http.route_strategy must be one of {STRATEGIES}, got {h.route_strategy!r}")
         servers = [OpenAIPolicy(url, h.model, mode="tokens", api_key_env=h.api_key_env, timeout_s=h.timeout_s,
                                 max_concurrency=h.max_concurrency, tokenizer=tokenizer) for url in h.base_urls]
-        return ServedPolicy(servers, h.weights_dir or Path(workdir) / "weights", model.config, h.route_strategy)
+        return ServedPolicy(servers, h.weights_dir or Path(workdir) / "weights", unwrap_model(model).config,
+                            h.route_strategy)
     raise ValueError(f"agent.backend must be one of {BACKENDS}, got {backend!r}")
 
 

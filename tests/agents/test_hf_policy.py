@@ -1,5 +1,7 @@
 """TransformersPolicy: batched sampling with a KV cache and left padding."""
 
+import copy
+
 import pytest
 import torch
 
@@ -113,3 +115,34 @@ def test_sampling_params_reject_bad_values():
         SamplingParams(max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0.0)
+
+
+def test_copy_of_merges_lora_adapters_and_takes_the_learners_weights_by_sync_from(tiny_model, tokenizer, prompts):
+    peft = pytest.importorskip("peft", reason="peft is not installed (the 'lora' extra)")
+    from turnrl.agents.vllm_policy import logprob_agreement
+
+    learner = copy.deepcopy(tiny_model)
+    peft.inject_adapter_in_model(peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+                                 learner)
+
+    def move_adapters(seed):  # zero-init B would make the adapters a no-op
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in learner.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.3)
+
+    move_adapters(3)
+    policy = TransformersPolicy.copy_of(learner, tokenizer, seed=0)
+    assert policy.needs_weight_push and not TransformersPolicy(learner, tokenizer).needs_weight_push
+    assert set(policy.model.state_dict()) == set(tiny_model.state_dict())  # a plain model: adapters merged
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    assert logprob_agreement(policy, learner, prompts * 2, params)["max_abs"] <= 1e-4
+    move_adapters(4)  # the learner's update does not reach the copy ...
+    assert logprob_agreement(policy, learner, prompts * 2, params)["max_abs"] > 1e-2
+    policy.sync_from(learner)  # ... until it is pushed
+    assert logprob_agreement(policy, learner, prompts * 2, params)["max_abs"] <= 1e-4
+    with pytest.raises(ValueError, match="unknown.*LoRA adapter weights: push merged_state_dict"):
+        policy.load_weights(learner.state_dict())  # unmerged adapter weights are refused, naming the fix
+    with pytest.raises(ValueError, match="1 missing.*model.norm.weight"):
+        policy.load_weights({n: t for n, t in policy.model.state_dict().items() if n != "model.norm.weight"})

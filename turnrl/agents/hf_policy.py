@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable, Mapping
+
 import torch
 
 from turnrl.agents.sampling import Generation, SamplingParams
+from turnrl.agents.weights import merged_state_dict, unwrap_model
 
 
 class TransformersPolicy:
@@ -14,11 +18,23 @@ class TransformersPolicy:
     skip the padding, so each row's logits equal those of that row run alone. The logprob
     of each sampled id is read from the very distribution it was drawn from.
 
+    A ``RolloutPolicy`` (``turnrl.agents.protocol``) in two ways:
+
+    * on the learner's own model (``TransformersPolicy(model, ...)``): the learner's updates
+      show up at once; ``needs_weight_push`` is False and ``sync_from(model)`` a no-op;
+    * on a copy of it (``TransformersPolicy.copy_of(model, ...)``, for rollouts sampled while
+      the learner updates): ``needs_weight_push`` is True, and ``sync_from`` /
+      ``load_weights`` copy the learner's weights into the copy.
+
+    ``token_exact`` is True; ``close`` does nothing (there is nothing to release).
+
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
         tokenizer: its tokenizer; ``eos_token_id`` ends a turn, ``pad_token_id`` pads.
         seed: seed of the sampling RNG (a private ``torch.Generator``).
     """
+
+    token_exact = True
 
     def __init__(self, model, tokenizer, seed: int = 0):
         self.model = model
@@ -27,15 +43,44 @@ class TransformersPolicy:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
-        self.needs_weight_push = False  # TEMP until the policy branch lands
-        self.token_exact = True
+        self._own_copy = False
 
-    def sync_from(self, model) -> None:  # TEMP
-        if model is not self.model:
-            self.load_weights(model.state_dict())
+    @classmethod
+    def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0) -> TransformersPolicy:
+        """A policy on a private copy of ``model`` (the learner's; DDP-wrapped or with LoRA
+        adapters), which the learner's updates reach only through ``sync_from`` /
+        ``load_weights`` (``needs_weight_push`` is True).
 
-    def close(self) -> None:  # TEMP
-        pass
+        The copy is the architecture an inference engine serves: DDP unwrapped and LoRA
+        adapters merged into the base weights (so it takes ``merged_state_dict(learner)``, as
+        ``VLLMPolicy`` and ``ServedPolicy`` do). Everything else is copied as it is (forward
+        hooks, training/eval mode, ``requires_grad``: with it turned off the copy's logprobs were
+        seen to differ from the learner model's in the last bits, and asynchronous rollouts
+        with ``max_staleness=0`` must repeat the synchronous run exactly).
+        """
+        twin = copy.deepcopy(unwrap_model(model))
+        _merge_lora_in_place(twin)
+        policy = cls(twin, tokenizer, seed=seed)
+        policy._own_copy = True
+        return policy
+
+    @property
+    def needs_weight_push(self) -> bool:
+        """True on a copy (``copy_of``), False on the learner's own model (class docstring)."""
+        return self._own_copy
+
+    def sync_from(self, model: torch.nn.Module) -> None:
+        """Take ``model``'s current weights: nothing to do when ``model`` (unwrapped) is the
+        sampled model itself, else ``load_weights`` of its weights (LoRA merged when the
+        sampled model has no adapters of its own)."""
+        source = unwrap_model(model)
+        if source is self.model:
+            return
+        has_adapters = any(hasattr(m, "base_layer") for m in self.model.modules())
+        self.load_weights(source.state_dict() if has_adapters else merged_state_dict(source))
+
+    def close(self) -> None:
+        """Nothing to release (the model belongs to the caller); idempotent."""
 
     def rng_state(self) -> torch.Tensor:
         """The state of the sampling generator (to checkpoint a run)."""
@@ -45,10 +90,28 @@ class TransformersPolicy:
         """Restore a state ``rng_state`` returned: sampling continues exactly from there."""
         self.generator.set_state(state)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy ``state_dict`` (the learner's ``state_dict()``) into the sampled model; the
-        weight sync of a policy on its own copy of the model (asynchronous rollouts)."""
-        self.model.load_state_dict(state_dict)
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights into the sampled model; the weight sync of a policy on its own copy of
+        the model (asynchronous rollouts).
+
+        Args:
+            named_tensors: ``{name: tensor}`` or ``(name, tensor)`` pairs holding every weight
+                of the sampled model under its ``state_dict()`` names: for a ``copy_of`` copy
+                the learner's ``merged_state_dict`` (or its ``state_dict()`` when it has no
+                LoRA adapters).
+
+        Raises:
+            ValueError: If names are missing or unknown (nothing is copied then), naming them.
+        """
+        state = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        own = self.model.state_dict()
+        missing, unknown = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unknown:
+            hint = (" (LoRA adapter weights: push merged_state_dict(model) to a copy_of copy, whose adapters are "
+                    "merged)" if any("lora_" in n or ".base_layer." in n for n in unknown) else "")
+            raise ValueError(f"load_weights needs exactly the sampled model's weights; {len(missing)} missing, e.g. "
+                             f"{missing[:3]}, and {len(unknown)} unknown, e.g. {unknown[:3]}{hint}")
+        self.model.load_state_dict(state)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -111,3 +174,18 @@ class TransformersPolicy:
             Generation(ids, lps, "stop" if ids and ids[-1] == self.eos_id else "length")
             for ids, lps in zip(sampled, logprobs)
         ]
+
+
+def _merge_lora_in_place(model: torch.nn.Module) -> None:
+    """Replace every peft LoRA layer of ``model`` by its base layer with the active adapters'
+    delta added to the weight (``merged_state_dict``'s weights; the result has its names)."""
+    adapted = [(name, module) for name, module in model.named_modules()
+               if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")]
+    for name, module in adapted:
+        base = module.base_layer
+        with torch.no_grad():
+            for adapter in getattr(module, "active_adapters", []):
+                if adapter in getattr(module, "lora_A", {}):
+                    base.weight += module.get_delta_weight(adapter).to(base.weight.dtype)
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, leaf, base)

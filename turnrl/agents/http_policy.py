@@ -31,6 +31,12 @@ a folder the server shares, and ``load_weights_from_path(folder)`` makes the ser
 in place (vLLM: ``POST /collective_rpc`` with ``reload_weights``, then ``POST
 /reset_prefix_cache``; needs ``VLLM_SERVER_DEV_MODE=1``).
 
+``OpenAIPolicy`` is not a ``RolloutPolicy`` (``turnrl.agents.protocol``): it is the client of
+one server and cannot push weights by itself (that needs a folder the server shares). For
+training, ``ServedPolicy`` wraps token-mode clients and implements the protocol
+(``agent.backend=http``); alone, ``OpenAIPolicy`` is for evaluation and for servers whose
+weights are managed elsewhere. It has ``generate``, ``close`` and ``token_exact``.
+
 Requests run concurrently (at most ``max_concurrency`` at once) on the shared background
 event loop of ``turnrl.tools.executors.loop``; ``generate`` blocks until all are answered and
 returns them in prompt order. Connection errors, timeouts, 5xx and 429 are retried with
@@ -212,6 +218,12 @@ class OpenAIPolicy:
 
     def __repr__(self) -> str:
         return f"OpenAIPolicy({self.api_url!r}, model={self.model!r}, mode={self.mode!r})"
+
+    @property
+    def token_exact(self) -> bool:
+        """True in ``mode="tokens"`` (the server's own ids and logprobs: trainable), False in
+        ``mode="text"`` (re-tokenized text, NaN logprobs: evaluation only)."""
+        return self.mode == "tokens"
 
     # ----------------------------------------------------------------- public
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

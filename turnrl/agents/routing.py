@@ -9,16 +9,27 @@ rows sent again to the other backends, and is left out of routing for ``cooldown
 any other exception (e.g. a 4xx ``PolicyRequestError``: every server would refuse the same
 request) is raised at once. When every backend failed, a ``ConnectionError`` names each one's
 last error.
+
+``RoutedPolicy`` is a ``RolloutPolicy`` (``turnrl.agents.protocol``) whose members delegate to
+the backends: ``load_weights`` / ``sync_from`` go to every backend, ``rng_state`` holds every
+backend's state and the routing cursor (so a restored state repeats the same row-to-backend
+split and samples, as long as no backend fails), ``close`` closes every backend;
+``token_exact`` is True when every backend is, ``needs_weight_push`` when any backend needs
+one. A backend without one of these members (e.g. an ``OpenAIPolicy``, which ``ServedPolicy``
+routes over and pushes weights to itself) makes that member raise a ``TypeError`` naming it;
+its ``rng_state`` is None (it is not seeded here).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from turnrl.agents.http_policy import PolicyResponseError
 from turnrl.agents.sampling import Generation, SamplingParams
@@ -116,11 +127,83 @@ class RoutedPolicy:
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Close the backends that have ``close()`` and the routing threads."""
+        """Close the backends that have ``close()`` and the routing threads; idempotent (as far
+        as the backends' own ``close`` is)."""
         for policy in self.policies:
             if callable(getattr(policy, "close", None)):
                 policy.close()
         self._pool.shutdown(wait=False)
+
+    # -------------------------------------------------------------- the RolloutPolicy members
+    @property
+    def token_exact(self) -> bool:
+        """True when every backend is token-exact (its ``token_exact``; absent counts as False)."""
+        return all(bool(getattr(p, "token_exact", False)) for p in self.policies)
+
+    @property
+    def needs_weight_push(self) -> bool:
+        """True when any backend samples from weights of its own (its ``needs_weight_push``;
+        absent counts as True: a backend of unknown kind cannot be assumed to follow the learner)."""
+        return any(bool(getattr(p, "needs_weight_push", True)) for p in self.policies)
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """``load_weights`` on every backend, in order (``RolloutPolicy.load_weights``'s contract).
+
+        Raises:
+            TypeError: If a backend has no ``load_weights`` (checked before any is called).
+        """
+        state = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        for policy in self._backends_with("load_weights"):
+            policy.load_weights(state)
+
+    def sync_from(self, model: torch.nn.Module) -> None:
+        """``sync_from(model)`` on every backend, in order.
+
+        Raises:
+            TypeError: If a backend has no ``sync_from`` (checked before any is called).
+        """
+        for policy in self._backends_with("sync_from"):
+            policy.sync_from(model)
+
+    def rng_state(self) -> dict:
+        """``{"cursor": int, "backends": [state or None, ...]}``: the routing rotation and every
+        backend's ``rng_state()`` (None for a backend without one)."""
+        with self._lock:
+            cursor = self._cursor
+        return {"cursor": cursor,
+                "backends": [p.rng_state() if callable(getattr(p, "rng_state", None)) else None
+                             for p in self.policies]}
+
+    def set_rng_state(self, state: dict) -> None:
+        """Restore what ``rng_state`` returned (the same backends, in the same order).
+
+        Raises:
+            TypeError: If ``state`` is not such a dict, or holds a state for a backend without
+                ``set_rng_state``. ValueError: On another number of backends.
+        """
+        if not isinstance(state, Mapping) or set(state) != {"cursor", "backends"}:
+            raise TypeError(f"state must be what RoutedPolicy.rng_state() returned ({{'cursor', 'backends'}}), got "
+                            f"{str(state)[:80]}")
+        states = list(state["backends"])
+        if len(states) != len(self.policies):
+            raise ValueError(f"the state holds {len(states)} backends' states, this RoutedPolicy has "
+                             f"{len(self.policies)} backends")
+        for i, (policy, sub) in enumerate(zip(self.policies, states)):
+            if sub is not None and not callable(getattr(policy, "set_rng_state", None)):
+                raise TypeError(f"backend {i} ({policy!r}) has no set_rng_state, but the state holds one for it")
+        for policy, sub in zip(self.policies, states):
+            if sub is not None:
+                policy.set_rng_state(sub)
+        with self._lock:
+            self._cursor = int(state["cursor"])
+
+    def _backends_with(self, method: str) -> list:
+        lacking = [i for i, p in enumerate(self.policies) if not callable(getattr(p, method, None))]
+        if lacking:
+            raise TypeError(f"backends {lacking} ({', '.join(repr(self.policies[i]) for i in lacking)}) have no "
+                            f"{method}(); a RoutedPolicy can {method} only when every backend can (for rollout "
+                            "servers use ServedPolicy, which pushes weights to them)")
+        return list(self.policies)
 
     # -------------------------------------------------------------- routing
     def _assign(self, rows: list[int], failed: set[int]) -> dict[int, list[int]]:

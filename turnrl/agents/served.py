@@ -10,6 +10,10 @@ see at the same path (a shared file system), then makes every server reload from
 (``OpenAIPolicy.load_weights_from_path``). The folder of the previous push is deleted once
 every server has moved on.
 
+``ServedPolicy`` is a ``RolloutPolicy`` (``turnrl.agents.protocol``): ``token_exact`` (the
+servers return their own ids and logprobs; text-mode clients are refused) and
+``needs_weight_push`` (the servers hold their own weights) are True.
+
 Sampling happens on the servers and is not seeded by this client, so a run on served
 policies does not reproduce bit for bit (resume restores everything else); ``rng_state`` is
 empty.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -43,6 +47,9 @@ class ServedPolicy:
         ValueError: On no servers, or a server not in token-exact mode (its rollouts could not
             be trained on).
     """
+
+    token_exact = True  # every server is an OpenAIPolicy in mode="tokens" (checked at construction)
+    needs_weight_push = True  # the servers sample from weights of their own
 
     def __init__(self, servers: Sequence, weights_dir: str | os.PathLike, model_config,
                  strategy: str = "least_loaded") -> None:
@@ -70,9 +77,10 @@ class ServedPolicy:
         """Sample one turn per prompt on the servers (``OpenAIPolicy.generate``'s contract)."""
         return self.policy.generate(prompts, params)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Write ``state_dict`` (checkpoint names, LoRA already merged) to a fresh folder of
-        ``weights_dir`` and make every server reload its weights from it.
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write ``named_tensors`` (``{name: tensor}`` or pairs; checkpoint names, LoRA already
+        merged) to a fresh folder of ``weights_dir`` and make every server reload its weights
+        from it.
 
         Raises:
             The first server error (``PolicyHTTPError`` subclasses); servers before it in the
@@ -80,6 +88,7 @@ class ServedPolicy:
         """
         from turnrl.agents.weights import save_weights
 
+        state_dict = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         folder = self.weights_dir / f"push-{self.pushes + 1:06d}"
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -109,6 +118,5 @@ class ServedPolicy:
                              "checkpoint was made with another agent.backend")
 
     def close(self) -> None:
-        """Close the HTTP clients."""
-        for server in self.servers:
-            server.close()
+        """Close the HTTP clients (and the routing threads of several servers); idempotent."""
+        self.policy.close()  # one server's client, or the RoutedPolicy that closes every server's

@@ -18,6 +18,10 @@ The contract is exactly that of ``TransformersPolicy.generate(prompts, params)``
   ``seed`` and draws one seed per prompt, so the same seed, prompts and weights give the same
   samples, and ``rng_state`` / ``set_rng_state`` resume a run exactly.
 
+``VLLMPolicy`` is a ``RolloutPolicy`` (``turnrl.agents.protocol``): ``token_exact`` and
+``needs_weight_push`` are True (the engine holds weights of its own), ``close()`` shuts the
+engine down.
+
 Weight sync: ``load_weights(named_tensors)`` / ``sync_from(model)`` push the learner's current
 weights into the running engine in place, then reset the prefix cache so no KV block computed
 with the old weights is reused. The push is vLLM's in-place reload
@@ -50,6 +54,7 @@ over engine steps.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -161,6 +166,9 @@ class VLLMPolicy:
             mode asked for where vLLM has none.
     """
 
+    token_exact = True  # ids and processed logprobs as the engine sampled them
+    needs_weight_push = True  # the engine holds its own copy of the weights
+
     def __init__(self, model_path: str | os.PathLike, tokenizer, seed: int = 0,
                  engine: VLLMEngineConfig | None = None, **engine_kwargs):
         if engine is not None and engine_kwargs:
@@ -174,6 +182,8 @@ class VLLMPolicy:
             raise ValueError(f"the tokenizer must have an int eos_token_id (the end-of-turn id), got {eos!r}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights by reference
         vllm = _import_vllm()
+        self._in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        self._caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         from vllm.platforms import current_platform
 
         self.model_path = str(model_path)
@@ -330,6 +340,7 @@ class VLLMPolicy:
                                 f"item {type(pair).__name__} {str(pair)[:80]}")
         pairs = [(name, tensor.detach()) for name, tensor in pairs]
         self._check_weight_names(pairs)
+        self._check_open()
         if self._asleep is not None:
             raise RuntimeError(f"the engine is asleep (level {self._asleep}); call wake_up() before load_weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
@@ -390,6 +401,7 @@ class VLLMPolicy:
 
     def wake_up(self) -> None:
         """Bring the engine back after ``sleep`` (its prefix cache starts empty)."""
+        self._check_open()
         if self._asleep is None:
             raise RuntimeError("wake_up() without a matching sleep(): the engine is awake")
         self.llm.wake_up()
@@ -397,7 +409,31 @@ class VLLMPolicy:
         self._weights_discarded = self._asleep == 2
         self._asleep = None
 
+    def close(self) -> None:
+        """Shut the engine down and free its memory (weights, KV cache); idempotent. Afterwards
+        ``generate``, ``load_weights`` and ``sleep`` raise ``RuntimeError``.
+
+        An in-process engine's shutdown also destroys ``torch.distributed``'s default process
+        group; when that group was already initialised before the engine started (the
+        caller's, e.g. under ``accelerate launch``), the engine is only dropped (its memory is
+        freed once nothing refers to it) so that the caller's group survives.
+        """
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = llm.llm_engine.engine_core
+        if not (self._in_process and self._caller_group):
+            with _keep_process_state():
+                core.shutdown()
+        del llm, core
+        gc.collect()
+
+    def _check_open(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("this VLLMPolicy was closed (close() shut its engine down); start a new one")
+
     def _check_awake(self) -> None:
+        self._check_open()
         if self._asleep is not None:
             raise RuntimeError(f"the engine is asleep (level {self._asleep}); call wake_up() first")
         if self._weights_discarded:
@@ -407,6 +443,7 @@ class VLLMPolicy:
     def describe(self) -> dict:
         """The engine settings and state, for logs."""
         return {"model_path": self.model_path, "max_model_len": self.max_model_len, "on_cpu": self.on_cpu,
+                "closed": self.llm is None,
                 "weight_version": self.weight_version, **asdict(self.engine_config)}
 
 

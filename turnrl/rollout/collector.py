@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gymnasium
 
@@ -27,21 +27,26 @@ class Task:
 
 @dataclass
 class _Episode:
+    """An episode in flight: its env, its conversation, and the ``Trajectory`` it fills in.
+
+    ``traj`` is made at reset with the conversation's own lists as its token-level fields
+    (``token_ids``, ``loss_mask``, ``logprobs``, ``turn_spans``, ``messages``: shared, not
+    copied), so every renderer append is the trajectory's; the episode-level fields (rewards,
+    counts, ``termination``) are set on ``traj`` as steps come in. ``traj.termination`` is None
+    while the episode is live; ``collect`` hands out ``traj`` itself.
+    """
+
     env: gymnasium.Env
     conv: Conversation
-    group_id: int
-    task_id: str
-    state_keys: list = field(default_factory=list)
-    turn_rewards: list = field(default_factory=list)
-    success: bool = False
-    tool_calls: int = 0
-    tool_errors: int = 0
-    parse_errors: int = 0
-    length_truncated_turns: int = 0
-    termination: str | None = None
-    error: str | None = None
-    verifier_reward: float | None = None
-    env_id: str | None = None
+    traj: Trajectory
+
+    @classmethod
+    def start(cls, env: gymnasium.Env, conv: Conversation, group_id: int, task_id: str, **fields) -> _Episode:
+        """A live episode on ``conv`` (``fields``: further ``Trajectory`` fields, e.g. ``env_id``)."""
+        traj = Trajectory(token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
+                          turn_spans=conv.turn_spans, messages=conv.messages, turn_rewards=[], success=False,
+                          group_id=group_id, task_id=task_id, termination=None, **fields)
+        return cls(env, conv, traj)
 
 
 class RolloutCollector:
@@ -101,13 +106,13 @@ class RolloutCollector:
                     raise
                 except Exception as exc:  # this episode ends before it starts; the rest go on
                     log.warning("env raised during reset of task seed %d: %r", task.seed, exc)
-                    episodes.append(_Episode(env, Conversation(), group_id, str(task.seed),
-                                             termination="env_error", error=repr(exc)))
+                    episodes.append(_Episode.start(env, Conversation(), group_id, str(task.seed),
+                                                   termination="env_error", error=repr(exc)))
                     continue
                 conv = self.renderer.start(list(obs))
-                episodes.append(_Episode(env, conv, group_id, str(info.get("task_id", task.seed)),
-                                         state_keys=[info.get("state_key")], env_id=info.get("env_id")))
-        live = [ep for ep in episodes if ep.termination is None]
+                episodes.append(_Episode.start(env, conv, group_id, str(info.get("task_id", task.seed)),
+                                               state_keys=[info.get("state_key")], env_id=info.get("env_id")))
+        live = [ep for ep in episodes if ep.traj.termination is None]
         workers = min(self.env_workers, len(live))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="turnrl-env") if workers > 1 else _Inline()
         with pool:
@@ -116,51 +121,41 @@ class RolloutCollector:
                 contents = []
                 for ep, gen in zip(live, generations):
                     contents.append(self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs))
-                    ep.length_truncated_turns += gen.finish_reason == "length"
+                    ep.traj.length_truncated_turns += gen.finish_reason == "length"
                 stepped = list(pool.map(_env_step, [ep.env for ep in live], contents))
                 live = [ep for ep, outcome in zip(live, stepped) if self._apply(ep, outcome, params)]
-        return [self._to_trajectory(ep) for ep in episodes]
+        for ep in episodes:  # a state key per turn played (the last observation starts no turn)
+            del ep.traj.state_keys[ep.traj.num_turns:]
+        return [ep.traj for ep in episodes]
 
     def _apply(self, ep: _Episode, outcome: tuple | BaseException, params: SamplingParams) -> bool:
         """Record one episode's step result (or the exception it raised); return whether it goes on."""
+        traj = ep.traj
         if isinstance(outcome, BaseException):  # a failing env or tool ends this episode, not the run
             exc = outcome
-            log.warning("env raised during step of task %s: %r", ep.task_id, exc)
-            ep.turn_rewards.append(0.0)
-            ep.termination, ep.error = "env_error", repr(exc)
+            log.warning("env raised during step of task %s: %r", traj.task_id, exc)
+            traj.turn_rewards.append(0.0)
+            traj.termination, traj.error = "env_error", repr(exc)
             self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
             return False
         obs, reward, terminated, truncated, info = outcome
-        ep.turn_rewards.append(float(reward))
-        ep.success = bool(info.get("success", False))
+        traj.turn_rewards.append(float(reward))
+        traj.success = bool(info.get("success", False))
         if "verifier_reward" in info:  # rewarded by a learned model (envs.reward_model)
-            ep.verifier_reward = float(info["verifier_reward"])
-        ep.tool_calls += int(info.get("tool_calls", 0))
-        ep.tool_errors += int(info.get("tool_errors", 0))
-        ep.parse_errors += int(bool(info.get("parse_error", False)))
+            traj.verifier_reward = float(info["verifier_reward"])
+        traj.tool_calls += int(info.get("tool_calls", 0))
+        traj.tool_errors += int(info.get("tool_errors", 0))
+        traj.parse_errors += int(bool(info.get("parse_error", False)))
         if terminated or truncated:
-            ep.termination = "terminated" if terminated else "truncated"
+            traj.termination = "terminated" if terminated else "truncated"
             self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
             return False
         self.renderer.add_observation(ep.conv, list(obs), add_generation_prompt=True)
         if len(ep.conv.token_ids) + params.max_new_tokens > self.max_context_tokens:
-            ep.termination = "context_length"
+            traj.termination = "context_length"
             return False
-        ep.state_keys.append(info.get("state_key"))
+        traj.state_keys.append(info.get("state_key"))
         return True
-
-    @staticmethod
-    def _to_trajectory(ep: _Episode) -> Trajectory:
-        c = ep.conv
-        return Trajectory(
-            token_ids=c.token_ids, loss_mask=c.loss_mask, logprobs=c.logprobs,
-            turn_spans=c.turn_spans, turn_rewards=ep.turn_rewards, success=ep.success,
-            group_id=ep.group_id, task_id=ep.task_id, termination=ep.termination,
-            messages=c.messages, state_keys=ep.state_keys[: len(c.turn_spans)],
-            tool_calls=ep.tool_calls, tool_errors=ep.tool_errors, parse_errors=ep.parse_errors,
-            length_truncated_turns=ep.length_truncated_turns, error=ep.error, verifier_reward=ep.verifier_reward,
-            env_id=ep.env_id,
-        )
 
 
 def _env_step(env: gymnasium.Env, content: str) -> tuple | Exception:

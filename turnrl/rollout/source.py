@@ -34,6 +34,7 @@ import numpy as np
 
 from turnrl.agents.http_policy import assert_trainable
 from turnrl.agents.sampling import SamplingParams
+from turnrl.agents.weights import merged_state_dict
 from turnrl.build import rollout_policy
 from turnrl.checkpoint import is_due
 from turnrl.distributed import shard_list
@@ -205,8 +206,5 @@ def rollout_source(run, stages: PreRL, sampling_at: Callable[[int], SamplingPara
     if not tcfg.async_rollouts:
         return SyncRollouts(*args, push_weights=sampler.needs_weight_push,
                             sleep_during_update=cfg.agent.vllm.sleep_during_update)
-    state_of = None
-    if cfg.agent.backend != "transformers":  # an engine or servers take the LoRA-merged weights
-        from turnrl.agents.weights import merged_state_dict as state_of
     return AsyncSource(*args, eval_policy=run.policy, max_staleness=tcfg.max_staleness, last=tcfg.steps,
-                       checkpoint_every=tcfg.checkpoint_every, state_of=state_of)
+                       checkpoint_every=tcfg.checkpoint_every, state_of=merged_state_dict)
