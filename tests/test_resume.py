@@ -23,6 +23,8 @@ from turnrl.checkpoint import (CHECKPOINTS_DIR, TrainingState, checkpoint_steps,
 from turnrl.conf.schema import Config
 from turnrl.trainer import _config_changes, train
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("step_time", "rollout_time", "rollout_wait")  # wall-clock fields: the only ones allowed to differ
 

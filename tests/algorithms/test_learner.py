@@ -11,6 +11,8 @@ from turnrl.algorithms import AGGREGATIONS, Learner, LearnerConfig, collate, tok
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rl_batch(tiny_model, tokenizer, renderer):
