@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test clean
+.PHONY: install train test test-fast clean
 
 $(STAMP): pyproject.toml
 	# bubblewrap (Debian package) is the sandbox for model-written code
@@ -34,8 +34,14 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/python -m turnrl.train $(ARGS)
 
+# Everything (what CI runs).
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The fast tier for the edit loop: every test not marked slow (no training runs, servers, vLLM
+# engines, sandbox or docker runs), so it needs no vLLM; `make test` still runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -119,3 +119,16 @@ def warm_vllm_model(tokenizer, renderer):
     torch.manual_seed(0)
     warm_start(model, renderer, GuessNumberEnv(n=32, max_turns=6), steps=12, batch_size=8, lr=3e-3, progress=False)
     return model.eval()
+
+
+# registered envs whose full check (``turnrl.envs.check``) takes seconds: sandboxed grading,
+# solver searches, long expert episodes; their cases of the per-env tests are in the slow tier
+SLOW_ENV_IDS = ("turnrl/PythonCoding-v0", "turnrl/Sokoban-v0", "turnrl/Household-v0")
+
+
+def env_ids_in_tiers() -> list:
+    """``registered_env_ids()`` for ``parametrize``, the ``SLOW_ENV_IDS`` marked slow."""
+    from turnrl.envs import registered_env_ids
+
+    return [pytest.param(env_id, marks=pytest.mark.slow) if env_id in SLOW_ENV_IDS else env_id
+            for env_id in registered_env_ids()]

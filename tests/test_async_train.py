@@ -15,6 +15,8 @@ from turnrl.checkpoint import CHECKPOINTS_DIR, read_checkpoint, step_dir_name
 from turnrl.conf.schema import Config
 from turnrl.trainer import train
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 TIMING = ("step_time", "rollout_time", "rollout_wait")
 
 

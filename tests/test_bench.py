@@ -12,6 +12,8 @@ FAST = ["trainer.steps=2", "trainer.eval_every=1", "trainer.eval_episodes=8", "t
         "trainer.threads=1", "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_checkpoint=false"]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_grid_trains_every_cell_and_writes_the_reports(tmp_path, capsys):
     assert main(["--algorithms", "grpo", "rloo", "--seeds", "3", "--out", str(tmp_path), *FAST]) == 0
     runs = json.loads((tmp_path / "bench.json").read_text())
@@ -36,6 +38,8 @@ def test_a_bad_override_fails_before_any_run():
         compose_run("grpo", 0, ["trainer.stepz=1"])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_variants_run_every_algorithm_under_each_named_set_of_overrides(tmp_path):
     async1 = "trainer.async_rollouts=true trainer.max_staleness=1 algorithm.tis=token"
     assert main(["--algorithms", "grpo", "--seeds", "0", "--out", str(tmp_path), "--variant", "sync", "",

@@ -35,6 +35,7 @@ USER_ENVS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_check_env_passes_and_prints_the_report():
     result = turnrl("check-env", "turnrl/GuessNumber-v0", "--seeds", "10", "--kwarg", "n=16")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -42,11 +43,13 @@ def test_check_env_passes_and_prints_the_report():
     assert "PASS  expert_solves" in result.stdout and "checks passed: OK" in result.stdout
 
 
+@pytest.mark.slow
 def test_failing_check_exits_1():
     result = turnrl("check-env", "turnrl/GuessNumber-v0", "--seeds", "1", "--kwarg", "n=2")
     assert result.returncode == 1 and "FAIL  make_env" in result.stdout
 
 
+@pytest.mark.slow
 def test_unknown_env_id_exits_2_listing_the_ids():
     result = turnrl("check-env", "turnrl/Nope-v0")
     assert result.returncode == 2
@@ -54,6 +57,7 @@ def test_unknown_env_id_exits_2_listing_the_ids():
     assert all(env_id in result.stderr for env_id in registered_env_ids())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["my_envs:SmallGuessEnv", "my_envs:mine/SmallGuess-v0"])
 def test_check_env_loads_an_env_of_your_own_as_module_colon_name(tmp_path, name):
     (tmp_path / "my_envs.py").write_text(USER_ENVS)
@@ -62,6 +66,7 @@ def test_check_env_loads_an_env_of_your_own_as_module_colon_name(tmp_path, name)
     assert f"turnrl env check: {name} (seeds=3)" in result.stdout and "checks passed: OK" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, message", [
     ("no_such_module:Env", "cannot import module 'no_such_module' of 'no_such_module:Env' (ModuleNotFoundError"),
     ("my_envs:Missing", "'my_envs:Missing': module 'my_envs' has no env class named 'Missing' and registers no env "
@@ -74,6 +79,7 @@ def test_check_env_says_why_a_module_name_does_not_load(tmp_path, name, message)
     assert "an env of your own: module:ClassName or module:env-id" in result.stderr
 
 
+@pytest.mark.slow
 def test_list_envs():
     result = turnrl("list-envs")
     assert result.returncode == 0
@@ -96,6 +102,8 @@ def serve_env(*args):
     return proc, proc.stdout.readline()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_serve_env_prints_one_line_serves_and_exits_0_on_signal(stop_signal):
     proc, line = serve_env("turnrl/GuessNumber-v0", "--kwarg", "n=16", "--session-ttl", "30", "--max-sessions", "4")
@@ -115,6 +123,8 @@ def test_serve_env_prints_one_line_serves_and_exits_0_on_signal(stop_signal):
     assert out == ""  # nothing after the one line
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_serve_env_usage_errors_exit_2():
     proc, _ = serve_env("turnrl/Nope-v0")
     assert proc.wait(timeout=60) == 2 and "unknown env id 'turnrl/Nope-v0'" in proc.stderr.read()
@@ -124,6 +134,8 @@ def test_serve_env_usage_errors_exit_2():
     assert result.returncode == 2 and "expected a port in 0..65535" in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_serve_env_on_a_taken_port_exits_1():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

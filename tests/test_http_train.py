@@ -18,6 +18,8 @@ import pytest
 
 from tests.helpers import free_port, start_server, stop_server
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trainer.eval_episodes=8", "trainer.tasks_per_step=4", "trainer.group_size=4",
         "agent.tokenizer.corpus_episodes=30", "trainer.threads=1", "trainer.progress=false",

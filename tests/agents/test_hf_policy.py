@@ -28,6 +28,7 @@ def prompts(renderer, tokenizer):
 GREEDY = SamplingParams(max_new_tokens=10, greedy=True)
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_deterministic(tiny_model, tokenizer, prompts):
     runs = [TransformersPolicy(tiny_model, tokenizer, seed=s).generate(prompts, GREEDY) for s in (0, 0, 7)]
     for other in runs[1:]:
@@ -35,6 +36,7 @@ def test_greedy_generation_is_deterministic(tiny_model, tokenizer, prompts):
         assert [g.logprobs for g in other] == [g.logprobs for g in runs[0]]
 
 
+@pytest.mark.slow
 def test_sampling_with_the_same_seed_repeats_and_another_seed_differs(tiny_model, tokenizer, prompts):
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
     a, b, c = (TransformersPolicy(tiny_model, tokenizer, seed=s).generate(prompts, params) for s in (5, 5, 6))
@@ -42,6 +44,7 @@ def test_sampling_with_the_same_seed_repeats_and_another_seed_differs(tiny_model
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
 
 
+@pytest.mark.slow
 def test_left_padded_batch_equals_each_prompt_alone(tiny_model, tokenizer, prompts):
     policy = TransformersPolicy(tiny_model, tokenizer)
     params = SamplingParams(max_new_tokens=16, greedy=True)
@@ -56,6 +59,7 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny_model, tokenizer, promp
     assert again[0].token_ids == again[2].token_ids == batched[0].token_ids
 
 
+@pytest.mark.slow
 def test_greedy_logprobs_are_the_temperature_one_logprobs_of_the_learner(tiny_model, tokenizer, prompts):
     policy = TransformersPolicy(tiny_model, tokenizer)
     for prompt, gen in zip(prompts, policy.generate(prompts, GREEDY)):
@@ -66,6 +70,7 @@ def test_greedy_logprobs_are_the_temperature_one_logprobs_of_the_learner(tiny_mo
         assert max(abs(a - b) for a, b in zip(gen.logprobs, recomputed)) <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=5, greedy=True),
                                     SamplingParams(max_new_tokens=5, temperature=0.7)], ids=["greedy", "sampled"])
 def test_max_new_tokens_cut_gives_finish_reason_length(tiny_model, tokenizer, prompts, params):
@@ -80,6 +85,7 @@ def test_max_new_tokens_cut_gives_finish_reason_length(tiny_model, tokenizer, pr
     assert any(g.finish_reason == "length" for g in TransformersPolicy(tiny_model, tokenizer).generate(prompts, params))
 
 
+@pytest.mark.slow
 def test_rows_that_stop_early_end_with_eos_and_leave_the_other_rows_exact(policy_model, tokenizer, prompts):
     """With the eos-biased model rows of one batch stop at different steps; each row's ids
     and logprobs must still be those of that row alone (scored here by the learner)."""

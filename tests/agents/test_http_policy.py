@@ -53,6 +53,8 @@ def prompts_of(renderer, seeds):
     return [renderer.start(list(env.reset(seed=s)[0])).token_ids for s in seeds]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_collector_episode_over_http_is_token_exact(server, served_model, tokenizer, renderer):
     policy = OpenAIPolicy(server.url, NAME, tokenizer=tokenizer)
     collector = RolloutCollector(lambda: GuessNumberEnv(n=32, max_turns=6), policy, renderer, env_workers=1)
@@ -83,6 +85,8 @@ def test_collector_episode_over_http_is_token_exact(server, served_model, tokeni
     assert float((learner - batch.old_logprobs).abs()[mask].max()) <= 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_greedy_over_http_equals_in_process_greedy(server, served_model, tokenizer, renderer):
     prompts = prompts_of(renderer, [3, 4, 5])
     prompts[1] = prompts[1][:-9] + prompts[1][-3:]  # a shorter prompt in the same batch
@@ -94,6 +98,8 @@ def test_greedy_over_http_equals_in_process_greedy(server, served_model, tokeniz
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_text_mode_is_marked_eval_only_and_refused_for_training(server, served_model, tokenizer, renderer):
     prompts = prompts_of(renderer, [6, 7])
     params = SamplingParams(max_new_tokens=5, greedy=True)
@@ -194,6 +200,8 @@ def proxy(server):
 GREEDY = SamplingParams(max_new_tokens=3, greedy=True)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("status", [503, 500, 429])
 def test_retries_after_server_errors_then_succeeds(proxy, server, tokenizer, renderer, status):
     prompt = prompts_of(renderer, [8])
@@ -204,6 +212,8 @@ def test_retries_after_server_errors_then_succeeds(proxy, server, tokenizer, ren
     assert got[0].token_ids == direct[0].token_ids
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_gives_up_after_the_last_retry(proxy, tokenizer, renderer):
     flaky = proxy(fail_first=100, status=503)
     policy = OpenAIPolicy(flaky.url, NAME, tokenizer=tokenizer, retries=2, backoff_s=0.01)
@@ -212,6 +222,8 @@ def test_gives_up_after_the_last_retry(proxy, tokenizer, renderer):
     assert flaky.hits == 3 and info.value.status == 503 and isinstance(info.value, ConnectionError)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_client_errors_are_not_retried_and_name_url_status_and_message(proxy, tokenizer, renderer):
     relay = proxy()
     policy = OpenAIPolicy(relay.url, "no-such-model", tokenizer=tokenizer, retries=3, backoff_s=0.01)
@@ -226,6 +238,8 @@ def test_client_errors_are_not_retried_and_name_url_status_and_message(proxy, to
     assert relay.hits == 2
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_each_try_is_bounded_by_timeout(proxy, tokenizer, renderer):
     slow = proxy(delay_s=1.5)
     policy = OpenAIPolicy(slow.url, NAME, tokenizer=tokenizer, timeout_s=0.3, retries=1, backoff_s=0.01)
@@ -244,6 +258,8 @@ def test_connection_refused_is_unavailable(tokenizer, renderer):
         policy.generate(prompts_of(renderer, [8]), GREEDY)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_api_key_comes_from_the_named_environment_variable(proxy, tokenizer, renderer, monkeypatch):
     relay = proxy()
     monkeypatch.setenv("TURNRL_TEST_KEY", "sk-test-123")
@@ -256,6 +272,8 @@ def test_api_key_comes_from_the_named_environment_variable(proxy, tokenizer, ren
     assert "Authorization" not in relay.headers[1]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_sampler_logprobs_follow_the_temperature(server, served_model, tokenizer, renderer):
     """Guards the token-exact test: samples at 0.7 score equal at 0.7 and differ at 1.0."""
     policy = OpenAIPolicy(server.url, NAME, tokenizer=tokenizer)

@@ -35,6 +35,8 @@ from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from tests.helpers import (assert_generation_contract, free_port, start_server, stop_server,  # noqa: E402
                            warm_vllm_model)
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
 NAME = "tiny-vllm"
 KEY_ENV, WRONG_KEY_ENV = "TURNRL_TEST_VLLM_KEY", "TURNRL_TEST_VLLM_WRONG_KEY"
 API_KEY = "sk-turnrl-vllm-test"

@@ -61,6 +61,8 @@ def greedy(model, tokenizer, prompts, max_new_tokens):
     return TransformersPolicy(model, tokenizer).generate(prompts, SamplingParams(max_new_tokens, greedy=True))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_models_lists_the_served_name(server):
     reply = httpx.get(server.url + "/v1/models").json()
     assert reply["object"] == "list" and [m["id"] for m in reply["data"]] == [NAME]
@@ -68,6 +70,8 @@ def test_models_lists_the_served_name(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_token_id_completion_has_vllm_format(server, served_model, tokenizer, prompt):
     body = {"model": NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 1,
             "return_tokens_as_token_ids": True, "return_token_ids": True, "stop_token_ids": [tokenizer.eos_token_id]}
@@ -89,6 +93,8 @@ def test_token_id_completion_has_vllm_format(server, served_model, tokenizer, pr
     assert "token_ids" not in plain["choices"][0] and plain["choices"][0]["logprobs"] is None
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_batched_prompts_and_n_keep_their_order(server, served_model, tokenizer, prompt):
     other = prompt[:-10] + prompt[-3:]
     body = {"model": NAME, "prompt": [prompt, other], "n": 2, "max_tokens": 3, "temperature": 0,
@@ -103,6 +109,8 @@ def test_batched_prompts_and_n_keep_their_order(server, served_model, tokenizer,
     assert by_text["prompt_token_ids"] == prompt and by_text["token_ids"] == refs[0].token_ids
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_chat_completion_renders_the_template_and_returns_text(server, served_model, tokenizer):
     messages = [{"role": "system", "content": "Guess the number."}, {"role": "user", "content": "1 to 32"}]
     reply = post(server, "/v1/chat/completions", {"model": NAME, "messages": messages, "max_tokens": 5,
@@ -117,6 +125,8 @@ def test_chat_completion_renders_the_template_and_returns_text(server, served_mo
     assert reply["usage"]["prompt_tokens"] == len(ids) and reply["usage"]["completion_tokens"] == len(ref.token_ids)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_concurrent_requests_are_batched(server, prompt):
     before = httpx.get(server.url + "/stats").json()
     replies = [None] * 8
@@ -154,6 +164,8 @@ BAD_BODIES = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("body,message", BAD_BODIES)
 def test_bad_completion_requests_get_400_saying_what_to_fix(server, body, message):
     reply = post(server, "/v1/completions", body)
@@ -163,6 +175,8 @@ def test_bad_completion_requests_get_400_saying_what_to_fix(server, body, messag
     assert re.search(message, error["message"]), error["message"]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_other_errors(server):
     assert post(server, "/v1/completions", {"model": "gpt-9", "prompt": "hi"}).status_code == 404
     not_json = httpx.post(server.url + "/v1/completions", content=b"{oops", timeout=10)
@@ -176,6 +190,7 @@ def test_other_errors(server):
     assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200  # still serving
 
 
+@pytest.mark.slow
 def test_in_process_server_is_seeded_and_checks_the_api_key(served_model, tokenizer, prompt):
     params = SamplingParams(max_new_tokens=4, temperature=1.0)
     local = TransformersPolicy(served_model, tokenizer, seed=7)
@@ -190,6 +205,8 @@ def test_in_process_server_is_seeded_and_checks_the_api_key(served_model, tokeni
     assert got == expected and len({tuple(g) for g in got}) > 1
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_stop_reason_names_the_stop_token_as_vllm_does(server, tokenizer, prompt):
     """vLLM 0.32: a turn ended through ``stop_token_ids`` (``ignore_eos``) has ``stop_reason``
     = that id; a turn cut by ``max_tokens`` has null."""
@@ -203,6 +220,8 @@ def test_stop_reason_names_the_stop_token_as_vllm_does(server, tokenizer, prompt
         assert (c["token_ids"][-1] == eos) == (c["finish_reason"] == "stop")
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_weight_pushes_reload_the_served_model_and_bad_folders_change_nothing(served_model, tokenizer, prompt,
                                                                             tmp_path, monkeypatch):
     """The vLLM dev-mode endpoints ``OpenAIPolicy.load_weights_from_path`` calls, on an
@@ -245,6 +264,7 @@ def test_weight_pushes_reload_the_served_model_and_bad_folders_change_nothing(se
         assert post(srv, "/reset_prefix_cache", {}, headers={"Authorization": "Bearer k2"}).json() == {"success": True}
 
 
+@pytest.mark.slow
 def test_a_keyed_server_guards_every_endpoint_but_health(served_model, tokenizer, prompt, monkeypatch):
     """In process, on every interface (not loopback), reached over 127.0.0.1."""
     from turnrl.agents.http_policy import OpenAIPolicy, PolicyRequestError
@@ -274,6 +294,8 @@ def test_a_keyed_server_guards_every_endpoint_but_health(served_model, tokenizer
             stranger.generate([prompt], params)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_serve_policy_cli_needs_a_key_off_loopback_and_never_prints_it(checkpoint, tokenizer, prompt, tmp_path,
                                                                        monkeypatch):
     """``--api-key-env`` (the older name of ``--token-env``) still names the key's variable."""
@@ -304,6 +326,8 @@ def test_serve_policy_cli_needs_a_key_off_loopback_and_never_prints_it(checkpoin
     assert f"serving policy at http://0.0.0.0:{port}" in output and TOKEN not in output
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_serve_policy_exits_0_on_sigterm_and_2_on_a_bad_path(server, tmp_path):
     """Runs last: it stops the module's server."""
     bad = subprocess.Popen([sys.executable, "-m", "turnrl", "serve-policy", "--path", str(tmp_path)],

@@ -61,6 +61,8 @@ def stats_rows(server):
     return httpx.get(server.url + "/stats").json()["rows"]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy", ["round_robin", "least_loaded"])
 def test_batch_is_split_across_backends_and_keeps_row_order(servers, served_model, tokenizer, prompts, strategy):
     params = SamplingParams(max_new_tokens=4, greedy=True)
@@ -73,6 +75,8 @@ def test_batch_is_split_across_backends_and_keeps_row_order(servers, served_mode
     assert [stats_rows(s) - b for s, b in zip(servers, before)] == [3, 3]  # the servers saw the split
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_round_robin_rotation_continues_across_calls(servers, tokenizer, prompts):
     routed = RoutedPolicy(backends(servers, tokenizer), strategy="round_robin")
     params = SamplingParams(max_new_tokens=2, greedy=True)
@@ -82,6 +86,8 @@ def test_round_robin_rotation_continues_across_calls(servers, tokenizer, prompts
     assert [s.rows for s in routed.stats] == [2, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_least_loaded_sends_rows_to_the_idle_backend(servers, tokenizer, prompts):
     routed = RoutedPolicy(backends(servers, tokenizer), strategy="least_loaded")
     params = SamplingParams(max_new_tokens=200, greedy=True)
@@ -98,6 +104,8 @@ def test_least_loaded_sends_rows_to_the_idle_backend(servers, tokenizer, prompts
     assert rows[loaded] == 1 and rows[1 - loaded] == 2  # both short rows went to the idle backend
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_dead_backend_is_routed_around_and_client_errors_are_raised(servers, served_model, tokenizer, prompts):
     dead = OpenAIPolicy("http://127.0.0.1:9", NAME, tokenizer=tokenizer, retries=0)  # nothing listens on port 9
     routed = RoutedPolicy([dead, *backends(servers[:1], tokenizer)], cooldown_s=60)
@@ -124,6 +132,8 @@ def test_rejects_bad_arguments(tokenizer):
         RoutedPolicy([object()])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_killing_a_server_mid_batch_moves_its_rows_to_the_other(servers, served_model, tokenizer, prompts):
     """Runs last: it kills ``servers[0]``."""
     params = SamplingParams(max_new_tokens=120, greedy=True)

@@ -10,6 +10,8 @@ import torch
 
 from turnrl.algorithms import collate, token_logprobs
 
+pytestmark = pytest.mark.slow
+
 ENVS = ["guess_number", "calc_math"]
 TEMPERATURES = [1.0, 0.7]
 

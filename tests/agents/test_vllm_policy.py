@@ -27,6 +27,8 @@ from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
 from tests.helpers import assert_generation_contract, warm_vllm_model  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 MAX_MODEL_LEN = 1024
 SAMPLED = SamplingParams(max_new_tokens=6, temperature=1.0)
 GREEDY = SamplingParams(max_new_tokens=12, greedy=True)

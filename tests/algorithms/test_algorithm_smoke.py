@@ -50,6 +50,7 @@ def compose_algorithm(name):
         return OmegaConf.to_object(compose(config_name="config", overrides=[f"algorithm={name}"]))
 
 
+@pytest.mark.slow
 def test_every_estimator_has_a_config():
     from turnrl.algorithms import ADVANTAGES
 
@@ -57,6 +58,7 @@ def test_every_estimator_has_a_config():
     assert set(ADVANTAGES.names()) <= configured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch, tiny_model):
     cfg = compose_algorithm(name)
@@ -84,6 +86,7 @@ def test_one_update_per_algorithm_moves_parameters_without_nan(name, mixed_batch
         assert np.isfinite(fit["value_loss"]) and not torch.equal(head_before, critic.critic.head.weight)
 
 
+@pytest.mark.slow
 def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
     critic = CriticLearner(Critic.from_policy(tiny_model), LossConfig(critic_lr=3e-3, value_clip=None), OptimConfig())
     assert critic.values(mixed_batch).abs().sum() == 0  # the head starts at zero
@@ -94,6 +97,7 @@ def test_the_critic_fits_its_targets(mixed_batch, tiny_model):
     assert critic.critic.backbone is not tiny_model.get_decoder()
 
 
+@pytest.mark.slow
 def test_value_clipping_limits_the_move_from_old_values(mixed_batch, tiny_model):
     critic = CriticLearner(Critic.from_policy(tiny_model), LossConfig(critic_lr=1e-2, value_clip=0.01), OptimConfig())
     old = critic.values(mixed_batch)
@@ -103,6 +107,7 @@ def test_value_clipping_limits_the_move_from_old_values(mixed_batch, tiny_model)
     assert stats["value_clip_frac"] > 0.5  # most tokens' values left the +-0.01 band
 
 
+@pytest.mark.slow
 def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
     advantages = torch.where(mixed_batch.loss_mask > 0, torch.randn(mixed_batch.loss_mask.shape,
                              generator=torch.Generator().manual_seed(0)), torch.zeros(()))
@@ -118,6 +123,7 @@ def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
     assert tis["ratio"] == pytest.approx(1.0, abs=1e-3)  # with TIS the ratio is against the learner
 
 
+@pytest.mark.slow
 def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny_model):
     from turnrl.algorithms.critic import new_value_head
 

@@ -154,6 +154,7 @@ def single_process(tiny_model, tokenizer, renderer):
     return batch, out, base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", RUNS)
 def test_two_processes_give_the_single_process_update(two_process_run, single_process, mode):
     _, results, base = single_process
@@ -173,6 +174,7 @@ def test_two_processes_give_the_single_process_update(two_process_run, single_pr
             assert run["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_each_process_trains_only_on_its_shard(two_process_run, single_process, tokenizer, mode):
     batch, _, _ = single_process
@@ -192,6 +194,7 @@ def test_each_process_trains_only_on_its_shard(two_process_run, single_process, 
         assert seen == expected
 
 
+@pytest.mark.slow
 def test_a_process_without_rows_in_a_minibatch_still_takes_the_step(two_process_run, single_process):
     batch, _, _ = single_process
     # global minibatches [0, 1] and [2]: process 1 holds row 1 only
@@ -203,6 +206,7 @@ def test_a_process_without_rows_in_a_minibatch_still_takes_the_step(two_process_
     assert two_process_run[UNEVEN, 1]["metrics"]["grad_norm"] == two_process_run[UNEVEN, 0]["metrics"]["grad_norm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", RUNS)
 def test_gradients_are_all_reduced_once_per_optimizer_step(two_process_run, mode):
     # on every process each minibatch's micro-batches (2 and 1 rows) but the last run under no_sync
@@ -227,6 +231,7 @@ def test_shard_rows_reproduces_every_global_minibatch():
         shard_rows(4, 1, 2, 2)
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_and_bf16_switches(tiny_model, tokenizer, renderer):
     from turnrl.algorithms import Learner, LossConfig, OptimConfig
 
@@ -252,6 +257,7 @@ def test_gradient_checkpointing_and_bf16_switches(tiny_model, tokenizer, rendere
 
 
 
+@pytest.mark.slow
 def test_lora_trains_only_the_adapters(tiny_model, tokenizer, renderer):
     pytest.importorskip("peft", reason="LoRA needs peft (the optional 'lora' extra: pip install 'turnrl[lora]')")
     from turnrl.algorithms import Learner, LossConfig, OptimConfig

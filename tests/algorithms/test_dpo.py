@@ -50,6 +50,7 @@ def test_load_pairs_renders_single_and_multi_turn_continuations(tmp_path, render
             load_pairs(path, renderer)
 
 
+@pytest.mark.slow
 def test_dpo_steps_raise_the_chosen_over_the_rejected(renderer, tokenizer, fresh_model):
     env = GuessNumberEnv(n=32, max_turns=6)
     pairs = []

@@ -62,6 +62,7 @@ def test_the_cases_cover_every_registered_estimator():
     assert {case[0] for case in CASES} == set(ADVANTAGES.names())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs, layouts, groups", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_a_group_of_equal_returns_gets_exactly_zero_in_every_dtype(name, kwargs, layouts, groups):
     wrong = []

@@ -12,6 +12,8 @@ from turnrl.algorithms import AGGREGATIONS, Learner, OptimConfig, StepCoefs, col
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def rl_batch(tiny_model, tokenizer, renderer):

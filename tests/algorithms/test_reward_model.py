@@ -34,6 +34,7 @@ def preference_pairs(renderer):
     return pairs
 
 
+@pytest.mark.slow
 def test_reward_model_learns_preferences_and_reports_calibration(preference_pairs, tiny_model, tokenizer):
     train, held_out = preference_pairs[: len(preference_pairs) * 3 // 4], preference_pairs[len(preference_pairs) * 3 // 4:]
     rm = RewardModel.from_policy(tiny_model, tokenizer.pad_token_id)
@@ -62,6 +63,7 @@ def test_ece_of_a_perfectly_confident_correct_model_is_near_zero():
     assert reversed_stats["accuracy"] == 0.0 and reversed_stats["ece"] == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_env_wrapper_rewards_with_the_model_and_keeps_the_verifier(preference_pairs, tiny_model, tokenizer, renderer):
     rm = RewardModel.from_policy(tiny_model, tokenizer.pad_token_id)
     RewardModelTrainer(rm, RewardModelConfig(lr=3e-3, batch_size=32)).train(preference_pairs, 20, progress=False)

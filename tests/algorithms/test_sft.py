@@ -11,6 +11,7 @@ from turnrl.algorithms.sft import sft_loss
 from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
 
+@pytest.mark.slow
 def test_sft_steps_on_scripted_expert_episodes_lower_the_loss(fresh_model, renderer, tokenizer):
     episodes = [scripted_episode(CalcMathEnv(), s, renderer) for s in range(2)]
     episodes += [scripted_episode(GuessNumberEnv(), s, renderer) for s in range(2)]

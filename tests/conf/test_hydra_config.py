@@ -52,6 +52,8 @@ def test_unknown_group_option_fails_listing_choices():
     assert "no_such_env" in str(err.value) and "guess_number" in str(err.value)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_rejects_a_bad_key_before_training():
     proc = subprocess.run(
         [sys.executable, "-m", "turnrl.train", "trainer.stepz=5"],

@@ -202,6 +202,7 @@ def test_stories_by_hand():
     assert STORY["ages"].render(Problem((60, 3), ("*",)).terms()) is None  # 180 years old
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_ops", [1, 2])
 def test_word_problems_keep_the_problem_and_precedence(num_ops):
     expression, word = CalcMathEnv(num_ops=num_ops), CalcMathEnv(num_ops=num_ops, style="word")

@@ -6,9 +6,10 @@ import warnings
 import gymnasium
 import pytest
 
-from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check, registered_env_ids
+from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check
 from turnrl.envs.base import PARSE_ERROR_PREFIX
 from turnrl.tools import PARSERS, calculator, format_call, get_parser
+from tests.helpers import env_ids_in_tiers
 
 TOOL_ENVS = ("turnrl/CalcMath-v0", "turnrl/RetrievalQA-v0", "turnrl/PythonCoding-v0")
 PAIRS = [(parser, written) for parser in sorted(PARSERS) for written in sorted(PARSERS) if written != parser]
@@ -19,7 +20,7 @@ def make(env_id, parser):
 
 
 @pytest.mark.parametrize("parser", sorted(p for p in PARSERS if p != "hermes"))  # hermes: test_check.py
-@pytest.mark.parametrize("env_id", registered_env_ids())
+@pytest.mark.parametrize("env_id", env_ids_in_tiers())
 def test_every_env_passes_every_check_with_every_parser(env_id, parser):
     report = check(env_id, seeds=5, env_kwargs={"tool_parser": parser})
     assert report.ok, report.format()

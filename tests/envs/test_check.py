@@ -4,10 +4,11 @@ import warnings
 
 import pytest
 
-from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check, registered_env_ids
+from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check
 from turnrl.envs.check import CHECK_NAMES, CheckReport, UnknownEnvError
 from turnrl.envs.extract import first_int
 from turnrl.tools import Tool
+from tests.helpers import env_ids_in_tiers
 
 
 class SloppyEnv(MultiTurnEnv):
@@ -82,7 +83,7 @@ class WarningEnv(GuessNumberEnv):
         return super()._start_episode(task)
 
 
-@pytest.mark.parametrize("env_id", registered_env_ids())
+@pytest.mark.parametrize("env_id", env_ids_in_tiers())
 def test_every_registered_env_passes(env_id):
     report = check(env_id, seeds=15)
     assert [r.name for r in report.results] == list(CHECK_NAMES)

@@ -28,6 +28,7 @@ def fresh_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_import_turnrl_registers_every_env_without_importing_one():
     result = fresh_python("""
         import sys
@@ -43,6 +44,7 @@ def test_import_turnrl_registers_every_env_without_importing_one():
     assert result.stdout.startswith("Guess my number between 1 and ")
 
 
+@pytest.mark.slow
 def test_the_docs_snippet_makes_an_env_in_a_fresh_interpreter():
     page = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
     section = page[page.index("## Checking an environment"):page.index("## Built-in environments")]
@@ -52,6 +54,7 @@ def test_the_docs_snippet_makes_an_env_in_a_fresh_interpreter():
     assert result.stdout.startswith("guess-")
 
 
+@pytest.mark.slow
 def test_gymnasium_make_with_the_module_prefix_imports_turnrl():
     result = fresh_python("""
         import gymnasium

@@ -159,6 +159,8 @@ def test_hydra_env_custom_composes_and_requires_a_target(user_module):
         env_factory(bare)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_train_runs_a_target_env_from_pythonpath(user_module, tmp_path):
     pythonpath = os.pathsep.join([str(user_module), os.environ.get("PYTHONPATH", "")])
     run = subprocess.run(

@@ -1,3 +1,5 @@
+import pytest
+
 from turnrl.envs import GuessNumberEnv
 from turnrl.envs.guess_number import is_held_out
 
@@ -67,6 +69,7 @@ def test_range_of_upper_bounds_shows_in_prompt_and_bounds_guesses():
     assert min(uppers) >= 16 and max(uppers) <= 32 and len(uppers) > 8
 
 
+@pytest.mark.slow
 def test_binary_search_solves_every_secret_in_6_turns():
     env = GuessNumberEnv(n=32, n_min=16)
     solved = set()

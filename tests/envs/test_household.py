@@ -156,6 +156,7 @@ def test_normalize_is_case_space_and_preposition_insensitive():
 
 
 # ------------------------------------------------------------------ expert
+@pytest.mark.slow
 def test_expert_solves_every_task_of_both_splits_within_the_window():
     env = HouseholdEnv()
     for split in ("train", "test"):
@@ -282,6 +283,7 @@ def test_same_seed_same_episode_and_seeds_vary():
     assert len(ids) == 50
 
 
+@pytest.mark.slow
 def test_splits_by_hash_are_disjoint_and_about_one_in_five():
     env = HouseholdEnv()
     ids = {}
@@ -350,6 +352,7 @@ def test_kwargs_control_the_house_and_bad_kwargs_fail_clearly():
     assert set(FAMILIES) == {"pick", "clean", "heat", "cool", "look", "pick_two"}
 
 
+@pytest.mark.slow
 def test_players_random_is_uniform_over_admissible_and_weak_is_in_range():
     env = HouseholdEnv()
     env.reset(seed=3)
@@ -371,6 +374,7 @@ def test_players_random_is_uniform_over_admissible_and_weak_is_in_range():
     assert 0.2 <= np.mean(successes) <= 0.6
 
 
+@pytest.mark.slow
 def test_registered_env_passes_the_checker():
     env = gymnasium.make("turnrl/Household-v0", disable_env_checker=True)
     assert isinstance(env.unwrapped, HouseholdEnv) and env.unwrapped.max_turns == 50

@@ -153,6 +153,7 @@ def test_state_key_is_the_set_of_feedback():
     assert env.step("3456")[-1]["state_key"] != keys[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("size", "worst"), [((4, 6, True), 6), ((4, 6, False), 6), ((3, 4, True), 5),
                                              ((3, 4, False), 4)])
 def test_expert_solves_every_code_exhaustively(size, worst):

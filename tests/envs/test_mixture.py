@@ -229,6 +229,7 @@ def test_scripted_episode_through_the_mixture(renderer):
         assert all(key[0] == name for key in trajectory.state_keys)
 
 
+@pytest.mark.slow
 def test_collector_routes_every_row_to_its_own_sub_env(policy_model, tokenizer, renderer):
     probe = MixtureEnv()
     seeds = [s for s in range(40) if probe.route(s)[0] == 0][:2] + [s for s in range(40) if probe.route(s)[0] == 1][:2]

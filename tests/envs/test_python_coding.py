@@ -14,6 +14,8 @@ from turnrl.tools.executors import EXECUTORS, Executor, SandboxExecutor, Sandbox
 
 from tests.helpers import BWRAP_INSTALL, missing_tool
 
+pytestmark = pytest.mark.slow
+
 ENV_ID = "turnrl/PythonCoding-v0"
 
 

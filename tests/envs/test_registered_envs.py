@@ -11,6 +11,7 @@ import yaml
 
 from turnrl.envs import registered_env_ids
 from turnrl.envs.baselines import play_episode
+from tests.helpers import env_ids_in_tiers
 
 CONF_ENV = Path(__file__).resolve().parents[2] / "turnrl" / "conf" / "env"
 DOC_SECTIONS = ("Description", "Action Space", "Observation Space", "Rewards", "Episode End", "Splits",
@@ -22,7 +23,7 @@ RESET_KEYS = {"task_id", "state_key", "turn", "split"}
 STEP_KEYS = RESET_KEYS | {"success"}
 
 
-@pytest.fixture(params=registered_env_ids())
+@pytest.fixture(params=env_ids_in_tiers())
 def env(request):
     env = gymnasium.make(request.param, disable_env_checker=True)
     yield env

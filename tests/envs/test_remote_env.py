@@ -118,6 +118,7 @@ def test_weak_player_corpus_matches_local_across_episodes(guess_server):
         remote.close()
 
 
+@pytest.mark.slow
 def test_env_checker_passes_through_a_remote_env(calc_server):
     remote = RemoteEnv(calc_server.url, CALC)
     try:
@@ -394,6 +395,8 @@ def slow_seeds(k):
     return seeds[:k]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_killed_server_ends_only_its_episodes_with_env_error(two_servers, tokenizer, renderer):
     (proc_a, url_a), (proc_b, url_b) = two_servers
     urls = iter([url_a, url_b] * 2)  # pooled envs 0, 2 on server A; 1, 3 on server B
@@ -417,6 +420,8 @@ def test_killed_server_ends_only_its_episodes_with_env_error(two_servers, tokeni
     assert rollout_metrics(trajectories)["env_error_rate"] == 0.5
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_env_factory_with_url_collects_the_local_trajectories(tokenizer, renderer):
     proc, url = serve_subprocess(GUESS, "n=32", "n_min=16")
     try:
@@ -444,6 +449,8 @@ def test_env_factory_with_url_collects_the_local_trajectories(tokenizer, rendere
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_train_runs_through_env_remote_with_a_token_no_file_keeps(tmp_path):
     """A token-guarded server on every interface, trained against with ``env.token_env`` naming
     the client's variable: the run works, and neither the server's output nor any file of the
@@ -553,6 +560,8 @@ def test_a_token_refused_mid_run_stops_the_collector_instead_of_failing_every_ep
             server.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_serve_env_cli_needs_a_token_off_loopback_and_never_prints_it():
     env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
     command = [sys.executable, "-m", "turnrl", "serve-env", GUESS, "--host", "0.0.0.0"]

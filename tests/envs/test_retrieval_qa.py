@@ -160,6 +160,7 @@ def test_expert_episode_reads_the_chain_and_answers():
     assert obs == () and reward == 1.0 and terminated and info["success"] and info["turn"] == q.hops + 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_expert_solves_every_seed_in_hops_plus_two_turns(split):
     env = RetrievalQAEnv()
@@ -271,6 +272,7 @@ def test_truncated_after_max_turns():
     assert truncated and not terminated and not info["success"]
 
 
+@pytest.mark.slow
 def test_random_and_weak_players():
     env, _, _ = fresh(seed=0)
     parse = get_parser("hermes")

@@ -128,6 +128,7 @@ def test_solver_is_optimal_and_prunes_dead_cells():
     assert solve(level, max_moves=2) is None
 
 
+@pytest.mark.slow
 def test_generated_levels_are_solvable_in_bounds_and_fast():
     rng = np.random.default_rng(0)
     for num_boxes in (1, 2):
@@ -150,6 +151,7 @@ def test_generated_levels_are_solvable_in_bounds_and_fast():
             assert len(rows) <= 8 and all(len(r) <= 8 for r in rows)
 
 
+@pytest.mark.slow
 def test_expert_solves_both_splits_optimally_within_max_turns():
     env = SokobanEnv()
     assert env.max_turns == 30
@@ -212,6 +214,7 @@ def test_same_seed_same_episode_and_state_keys():
     assert key == b.step("right right down right")[-1]["state_key"] == (16, (14,))
 
 
+@pytest.mark.slow
 def test_splits_are_disjoint_by_level_hash():
     env = SokobanEnv()
     ids = {split: {env.reset(seed=s, options={"split": split})[1]["task_id"] for s in range(200)}
@@ -221,6 +224,7 @@ def test_splits_are_disjoint_by_level_hash():
         assert {parse_level(t.removeprefix("sokoban-")).split for t in task_ids} == {split}
 
 
+@pytest.mark.slow
 def test_weak_player_has_headroom():
     env = SokobanEnv()
     weak, rand = [], []
@@ -251,6 +255,7 @@ def test_bad_kwargs_are_value_errors(kwargs, match):
         SokobanEnv(shaped=1)
 
 
+@pytest.mark.slow
 def test_registered_env_passes_the_checker():
     report = check("turnrl/Sokoban-v0", seeds=30)
     assert report.ok, report.format()

@@ -28,6 +28,7 @@ def task_id_of(seed, split="train"):
     return GuessNumberEnv().reset(seed=seed, options={"split": split})[1]["task_id"]
 
 
+@pytest.mark.slow
 def test_collect_returns_b_times_g_trajectories_grouped_by_task(policy_model, tokenizer, renderer):
     tasks = [Task(11), Task(12), Task(13, "test")]
     trajectories = make_collector(policy_model, tokenizer, renderer).collect(tasks, 2, PARAMS)
@@ -44,6 +45,7 @@ def test_collect_returns_b_times_g_trajectories_grouped_by_task(policy_model, to
         assert t.reward == sum(t.turn_rewards) and t.error is None
 
 
+@pytest.mark.slow
 def test_same_seed_gives_same_task_across_calls_and_collectors(policy_model, tokenizer, renderer):
     tasks = [Task(s) for s in range(5)]
     first = make_collector(policy_model, tokenizer, renderer, seed=0)
@@ -60,6 +62,7 @@ def test_group_size_below_one_is_rejected(policy_model, tokenizer, renderer):
         make_collector(policy_model, tokenizer, renderer).collect([Task(0)], 0, PARAMS)
 
 
+@pytest.mark.slow
 def test_env_raising_in_step_ends_only_its_own_episode(policy_model, tokenizer, renderer, caplog):
     made = []
 

@@ -161,6 +161,7 @@ def test_launcher_reports_a_missing_program(tmp_path):
     assert code == 127 and "cannot run 'no-such-binary-here'" in out.text(1)
 
 
+@pytest.mark.slow
 def test_launcher_applies_cpu_memory_and_file_limits(tmp_path):
     out, code = run_launcher(tmp_path, Program(("python3", "-c", "while True: pass")))
     assert code == 128 + signal.SIGXCPU and judge(out, code, None, 1.5, LIMITS).limit == "cpu"
@@ -239,6 +240,7 @@ def turnrl_cli(*args, env=None):
                           env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_build_docker_image_without_an_engine_fails_naming_the_address(tmp_path):
     dead = tmp_path / "docker.sock"
     with socket.socket(socket.AF_UNIX) as s:
@@ -300,18 +302,21 @@ def still_works(ex):
     assert (r.error, r.content) == (None, "Exit code: 0\nstdout:\n42")
 
 
+@pytest.mark.slow
 def test_docker_infinite_loop_hits_cpu_limit(dock):
     r = run(dock, "while True: pass")
     assert r.error == "limit" and "CPU time (limit cpu_s=1)" in r.content
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_sleeping_forever_hits_wall_limit(dock):
     r = run(dock, "import time\nwhile True: time.sleep(0.1)")
     assert r.error == "limit" and "ran longer than 3 s (limit wall_s=3)" in r.content
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_fork_bombs_hit_procs_limit(dock):
     r = run(dock, "import os\nwhile True: os.fork()")
     assert r.error == "limit" and "limit max_procs=32" in r.content
@@ -320,12 +325,14 @@ def test_docker_fork_bombs_hit_procs_limit(dock):
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_memory_bomb_hits_memory_limit(dock):
     r = run(dock, "chunks = []\nwhile True: chunks.append(bytearray(10 ** 7))")
     assert r.error == "limit" and "out of memory (limit memory_mb=256)" in r.content
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_huge_output_is_cut_and_reported(dock):
     r = run(dock, "while True: print('spam' * 100)")
     assert r.error == "limit" and "output is truncated (limit output_bytes=4096)" in r.content
@@ -333,12 +340,14 @@ def test_docker_huge_output_is_cut_and_reported(dock):
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_huge_file_hits_file_limit(dock):
     r = run(dock, "with open('big.bin', 'wb') as f:\n    f.write(b'x' * (8 << 20))")
     assert r.error == "limit" and "limit file_mb=4" in r.content
     still_works(dock)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["/usr/evil.txt", "/etc/evil.txt", "/evil.txt"])
 def test_docker_writing_outside_the_working_dir_fails(dock, target):
     r = run(dock, f"open({target!r}, 'w').write('pwned')\nprint('wrote')")
@@ -347,6 +356,7 @@ def test_docker_writing_outside_the_working_dir_fails(dock, target):
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_host_files_are_not_visible(dock):
     code = (f"import os\nprint(os.path.exists({PROJECT_FILE!r}))\n"
             "try:\n    print(open('/etc/shadow').read()[:50])\nexcept OSError as e:\n    print('denied', e.errno)")
@@ -355,6 +365,7 @@ def test_docker_host_files_are_not_visible(dock):
     still_works(dock)
 
 
+@pytest.mark.slow
 def test_docker_has_no_network(dock):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -376,6 +387,7 @@ def test_docker_has_no_network(dock):
     assert "blocked 1.1.1.1" in r.content and "blocked 127.0.0.1" in r.content and "connected" not in r.content
 
 
+@pytest.mark.slow
 def test_docker_sessions_keep_files_apart_and_close_removes_the_container(dock):
     import docker
 
@@ -400,6 +412,7 @@ def test_docker_sessions_keep_files_apart_and_close_removes_the_container(dock):
     dock.close_session(b)
 
 
+@pytest.mark.slow
 def test_docker_reaper_removes_expired_containers(dock):
     import docker
 
@@ -410,6 +423,7 @@ def test_docker_reaper_removes_expired_containers(dock):
         dock.client.containers.get(container.id)
 
 
+@pytest.mark.slow
 def test_docker_work_and_tmp_belong_to_the_session_uid(dock):
     code = ("import os, tempfile\nopen('note.txt', 'w').write('x')\n"
             "with tempfile.NamedTemporaryFile(dir='/tmp') as f:\n    f.write(b'x')\n"
@@ -437,6 +451,7 @@ print("cpus", int(quota) / int(period[0]))
 """
 
 
+@pytest.mark.slow
 def test_docker_runs_unprivileged_under_the_kernels_caps(dock):
     session = uuid.uuid4().hex
     try:
@@ -452,6 +467,7 @@ def test_docker_runs_unprivileged_under_the_kernels_caps(dock):
     )
 
 
+@pytest.mark.slow
 def test_docker_memory_cgroup_caps_all_processes_together(engine):
     # 5 children of 64 MB each stay under RLIMIT_AS (128 MB) one by one but not under the
     # container's cap together (128 + 16 + 12 + 64 = 220 MB): once every child holds its memory
@@ -489,6 +505,7 @@ print("killed", sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9 for s in statuses)
         ex.close()
 
 
+@pytest.mark.slow
 def test_a_missing_image_is_a_clear_error_that_says_how_to_build_one(engine, monkeypatch):
     import turnrl.tools.executors.docker as docker_executor
 
@@ -503,12 +520,14 @@ def test_a_missing_image_is_a_clear_error_that_says_how_to_build_one(engine, mon
     assert "'python -m turnrl build-docker-image' (as root)" in str(err.value)
 
 
+@pytest.mark.slow
 def test_build_docker_image_keeps_the_image_the_engine_has(dock):
     result = turnrl_cli("build-docker-image")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{DEFAULT_IMAGE} is already on the engine" in result.stdout and "debootstrap" not in result.stdout
 
 
+@pytest.mark.slow
 def test_build_docker_image_imports_the_cached_root_filesystem_as_a_working_image(engine):
     if not any(cache_dir().glob("rootfs-*.tar")):
         missing_tool(f"no Debian root filesystem is cached in {cache_dir()}", ENGINE_INSTALL)

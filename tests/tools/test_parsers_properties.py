@@ -44,6 +44,7 @@ def assert_well_formed(r):
         assert r.calls == () and isinstance(r.error, str) and r.error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @SETTINGS
 @given(text=st.text())
@@ -51,6 +52,7 @@ def test_any_text_gives_a_well_formed_result(name, text):
     assert_well_formed(PARSERS[name](text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @SETTINGS
 @given(text=call_like_text)
@@ -58,6 +60,7 @@ def test_call_like_text_gives_a_well_formed_result(name, text):
     assert_well_formed(PARSERS[name](text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @SETTINGS
 @given(calls=st.lists(tool_calls, min_size=1, max_size=3), before=prose, between=prose)

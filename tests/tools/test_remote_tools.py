@@ -252,6 +252,7 @@ def test_bad_urls_and_missing_servers_are_clear_errors():
     assert get_executor("remote", url=url) is get_executor("remote", url=url)
 
 
+@pytest.mark.slow
 def test_served_code_tool_runs_in_the_servers_sandbox_and_sessions_close():
     from turnrl.tools.executors import SandboxUnavailable
 
@@ -277,6 +278,8 @@ def test_served_code_tool_runs_in_the_servers_sandbox_and_sessions_close():
     assert r.error == "limit" and "CPU time (limit cpu_s=1)" in r.content
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_serves_tools_from_a_subprocess():
     proc = subprocess.Popen(
         [sys.executable, "-m", "turnrl.tools.serve", "turnrl.tools.calculator:calculator", "--port", "0"],
@@ -398,6 +401,8 @@ def test_tool_server_on_a_non_loopback_address_needs_a_token():
         ToolServer([calculator], host="0.0.0.0")
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_tool_server_cli_needs_a_token_off_loopback_and_never_prints_it(monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "TURNRL_SERVER_TOKEN"}
     command = [sys.executable, "-m", "turnrl.tools.serve", "turnrl.tools.calculator:calculator", "--host", "0.0.0.0"]

@@ -17,6 +17,8 @@ from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable
 
 from tests.helpers import BWRAP_INSTALL, missing_tool
 
+pytestmark = pytest.mark.slow
+
 LIMITS = Limits(cpu_s=1, wall_s=2, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
 

@@ -11,6 +11,8 @@ from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable, 
 
 from tests.helpers import BWRAP_INSTALL, missing_tool
 
+pytestmark = pytest.mark.slow
+
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256}
 
 
