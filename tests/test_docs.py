@@ -32,8 +32,6 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 CONF = ROOT / "turnrl" / "conf"
 GROUPS = ("env", "agent", "algorithm", "trainer", "experiment")
 # make targets the README documents that another change adds to the Makefile; checked once present
-PENDING_TARGETS = {"test-fast": "the fast test tier (added with the test markers)"}
-
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
@@ -229,8 +227,6 @@ def check_command(argv: list[str]) -> None:
     if argv[0] == "make":
         targets = set(re.findall(r"^([\w.-]+):", (ROOT / "Makefile").read_text(), re.M))
         for target in (a for a in argv[1:] if "=" not in a):
-            if target in PENDING_TARGETS and target not in targets:
-                continue  # test_pending_make_targets
             assert target in targets, f"make {target}: no such Makefile target"
         return
     if argv[0] == "accelerate":
@@ -295,12 +291,6 @@ def test_commands_in_inline_code_name_real_subcommands(page):
             assert importlib.util.find_spec(match.group(1)) is not None, f"{rel(page)}: `{span}`"
         if span.startswith("make "):
             check_command(shlex.split(span))
-
-
-@pytest.mark.parametrize("target", sorted(PENDING_TARGETS))
-def test_pending_make_targets(target):
-    if target not in set(re.findall(r"^([\w.-]+):", (ROOT / "Makefile").read_text(), re.M)):
-        pytest.xfail(f"make {target}: {PENDING_TARGETS[target]}, not in the Makefile yet")
 
 
 def test_the_command_check_catches_wrong_ones():
