@@ -56,6 +56,7 @@ def test_the_example_is_a_few_dozen_lines():
     assert 25 <= sum(bool(line.strip()) for line in code.splitlines()) <= 45
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parser", sorted(PARSERS))
 def test_the_example_env_passes_every_check_with_every_parser(project, parser):
     from capitals import CapitalsEnv

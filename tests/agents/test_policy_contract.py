@@ -35,6 +35,8 @@ from turnrl.envs import CalcMathEnv, GuessNumberEnv
 from turnrl.warmstart import warm_start
 from tests.helpers import assert_generation_contract, missing_tool, warm_vllm_model
 
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # real engines and a policy server
+
 MAX_CONTEXT = 1024
 SAMPLED = SamplingParams(max_new_tokens=6, temperature=1.0)
 STALE = 1e-2  # logprobs of the old weights differ from the updated learner's by more than this

@@ -29,6 +29,7 @@ def play_expert(env, seed, split):
     ("spell_backward", None, "answer_tag"),
     ("number_sorting", None, "answer_line"),
 ])
+@pytest.mark.slow
 def test_expert_solves_both_splits(dataset, kwargs, fmt):
     env = ReasoningGymEnv(dataset, kwargs, answer_format=fmt)
     for split in ("train", "test"):

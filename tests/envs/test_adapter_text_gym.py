@@ -207,6 +207,7 @@ def play(env, seed, split="train", player="expert", rng=None):
             return info["success"], reward, turns
 
 
+@pytest.mark.slow
 def test_taxi_expert_solves_every_start_state_of_both_splits():
     env = ToyTextEnv("Taxi-v4")
     starts = {"train": set(), "test": set()}
@@ -226,6 +227,7 @@ def test_grid_experts_take_the_shortest_path(game, turns):
         assert play(env, seed) == (True, 1.0, turns)
 
 
+@pytest.mark.slow
 def test_slippery_frozen_lake_expert_beats_random():
     env = ToyTextEnv("FrozenLake-v1", {"is_slippery": True}, max_turns=100)
     rng = np.random.default_rng(0)

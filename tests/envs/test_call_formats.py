@@ -19,6 +19,7 @@ def make(env_id, parser):
     return gymnasium.make(env_id, disable_env_checker=True, tool_parser=parser).unwrapped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parser", sorted(p for p in PARSERS if p != "hermes"))  # hermes: test_check.py
 @pytest.mark.parametrize("env_id", env_ids_in_tiers())
 def test_every_env_passes_every_check_with_every_parser(env_id, parser):

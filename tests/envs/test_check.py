@@ -83,6 +83,7 @@ class WarningEnv(GuessNumberEnv):
         return super()._start_episode(task)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", env_ids_in_tiers())
 def test_every_registered_env_passes(env_id):
     report = check(env_id, seeds=15)

@@ -92,6 +92,7 @@ def test_state_key_is_the_position_whatever_the_path():
     assert a.step("down, right")[-1]["state_key"] == b.step("right, down")[-1]["state_key"] == (1, 1)
 
 
+@pytest.mark.slow
 def test_generated_maps_are_solvable_within_bounds_and_the_expert_solves_both_splits():
     for size in (3, 4, 8):
         env = FrozenLakeEnv(size=size)
@@ -152,6 +153,7 @@ def test_slips_go_each_way_a_third_of_the_time():
     assert all(240 < n < 360 for n in outcomes.values()), outcomes
 
 
+@pytest.mark.slow
 def test_slippery_plan_values_by_hand_and_by_play():
     lake = parse_map("S./.G")
     plan = slippery_plan(lake, 4)
@@ -165,6 +167,7 @@ def test_slippery_plan_values_by_hand_and_by_play():
     assert abs(np.mean(wins) - expected) < 4 * math.sqrt(expected * (1 - expected) / 1500)
 
 
+@pytest.mark.slow
 def test_weak_player_has_headroom():
     env = FrozenLakeEnv()
     wins = []

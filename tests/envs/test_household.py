@@ -192,6 +192,7 @@ def test_expert_only_takes_objects_it_has_been_shown():
                 break
 
 
+@pytest.mark.slow
 def test_expert_recovers_from_random_detours():
     env = HouseholdEnv(max_turns=200)
     rng = np.random.default_rng(0)

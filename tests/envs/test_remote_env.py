@@ -284,6 +284,7 @@ def test_max_sessions_gives_503_until_one_is_deleted():
         assert server.num_sessions == 2
 
 
+@pytest.mark.slow
 def test_idle_sessions_are_reaped_after_the_ttl_and_reset_reopens_one():
     with EnvServer(GUESS, session_ttl_s=0.3) as server:
         remote = RemoteEnv(server.url, GUESS)
@@ -316,6 +317,7 @@ def test_connection_failures_are_retried_then_raise_naming_the_url():
     assert time.monotonic() - start >= 0.3  # slept 0.1 + 0.2 between the attempts
 
 
+@pytest.mark.slow
 def test_a_server_that_comes_up_late_is_reached_by_the_retries():
     port = free_port()
     server = EnvServer(GUESS, port=port)

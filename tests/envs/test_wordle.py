@@ -140,6 +140,7 @@ def test_state_key_is_the_set_of_feedback():
     assert env.step("moist")[-1]["state_key"] != keys[0]
 
 
+@pytest.mark.slow
 def test_expert_solves_every_word_within_five_guesses_fast():
     env = WordleEnv()
     turns = []

@@ -14,6 +14,8 @@ from turnrl.envs import GuessNumberEnv
 from turnrl.rollout.collector import RolloutCollector
 from turnrl.rollout.source import AsyncSource, SyncRollouts, TaskStream
 
+pytestmark = pytest.mark.slow  # real rollouts of several steps
+
 STEPS = 4
 
 

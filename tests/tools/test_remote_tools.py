@@ -143,6 +143,7 @@ def test_4xx_answers_are_not_retried(server):
         ex.close()
 
 
+@pytest.mark.slow
 def test_5xx_is_retried_with_backoff_until_it_works():
     flaky = Flaky(failures=2)
     with ToolServer([tool(flaky.double)]) as server:
@@ -168,6 +169,7 @@ def test_retries_give_up_with_a_message_for_the_model():
     assert "HTTP 503" in r.content and "backend warming up (call 3)" in r.content
 
 
+@pytest.mark.slow
 def test_slow_tool_times_out_each_try(server, gauge):
     hold = remote_tools(server.url)[1]
     ex = remote(server, timeout_s=0.2, retries=1)
@@ -181,6 +183,7 @@ def test_slow_tool_times_out_each_try(server, gauge):
     assert elapsed < 1.0 and gauge.calls == 2
 
 
+@pytest.mark.slow
 def test_server_stopped_mid_call_gives_an_error_result(gauge):
     server = ToolServer([tool(gauge.hold)]).start()
     hold = remote_tools(server.url)[0]
@@ -199,6 +202,7 @@ def test_server_stopped_mid_call_gives_an_error_result(gauge):
         server.stop()
 
 
+@pytest.mark.slow
 def test_concurrency_is_bounded_by_max_concurrency(server, gauge):
     hold = remote_tools(server.url)[1]
     ex = remote(server, max_concurrency=3)
@@ -338,6 +342,7 @@ def token_server(gauge):
         yield s, f"http://127.0.0.1:{s.port}"
 
 
+@pytest.mark.slow
 def test_tool_server_without_the_token_answers_401_in_its_protocol(token_server):
     server, url = token_server
     body = {"name": "calculator", "arguments": {"expression": "1+2"}, "session": "s"}
