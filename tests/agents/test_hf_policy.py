@@ -7,22 +7,12 @@ import torch
 
 from turnrl.agents import SamplingParams, TransformersPolicy
 from turnrl.algorithms import token_logprobs
-from turnrl.envs import CalcMathEnv, GuessNumberEnv
+from tests.helpers import varied_prompts
 
 
 @pytest.fixture(scope="module")
 def prompts(renderer, tokenizer):
-    """Prompts of clearly different lengths: a GuessNumber opening, a later GuessNumber
-    turn and a (long) CalcMath opening."""
-    guess, _ = GuessNumberEnv().reset(seed=3)
-    calc, _ = CalcMathEnv().reset(seed=3)
-    later = renderer.start(list(guess))
-    ids = tokenizer("16", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    renderer.add_sampled(later, ids, [0.0] * len(ids))
-    renderer.add_observation(later, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
-    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc)).token_ids, later.token_ids]
-    assert len({len(p) for p in out}) == 3
-    return out
+    return varied_prompts(renderer, tokenizer)
 
 
 GREEDY = SamplingParams(max_new_tokens=10, greedy=True)

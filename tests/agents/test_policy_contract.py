@@ -31,9 +31,9 @@ from turnrl.agents.vllm_policy import LOGPROB_TOLERANCE, logprob_agreement
 from turnrl.agents.weights import merged_state_dict
 from turnrl.build import rollout_policy
 from turnrl.conf.schema import Config
-from turnrl.envs import CalcMathEnv, GuessNumberEnv
+from turnrl.envs import GuessNumberEnv
 from turnrl.warmstart import warm_start
-from tests.helpers import assert_generation_contract, missing_tool, warm_vllm_model
+from tests.helpers import assert_generation_contract, missing_tool, varied_prompts, warm_vllm_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # real engines and a policy server
 
@@ -73,17 +73,7 @@ def updated_weights(base_model, renderer):
 
 @pytest.fixture(scope="module")
 def prompts(renderer, tokenizer):
-    """Prompts of clearly different lengths: a GuessNumber opening, a later GuessNumber turn and a
-    (long) CalcMath opening."""
-    guess, _ = GuessNumberEnv(n=32).reset(seed=3)
-    calc, _ = CalcMathEnv().reset(seed=3)
-    later = renderer.start(list(guess))
-    ids = tokenizer("16", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    renderer.add_sampled(later, ids, [0.0] * len(ids))
-    renderer.add_observation(later, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
-    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc)).token_ids, later.token_ids]
-    assert len({len(p) for p in out}) == 3
-    return out
+    return varied_prompts(renderer, tokenizer, {"n": 32})
 
 
 @pytest.fixture(scope="module", params=["transformers", "transformers-copy", "vllm", "http", "routed"])

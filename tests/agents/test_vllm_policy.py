@@ -22,10 +22,10 @@ from turnrl.agents.vllm_policy import (LOGPROB_TOLERANCE, VLLMEngineConfig, VLLM
                                        logprob_agreement, merged_state_dict)
 from turnrl.algorithms import collate, token_logprobs  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig  # noqa: E402
-from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
+from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.warmstart import warm_start  # noqa: E402
-from tests.helpers import assert_generation_contract, warm_vllm_model  # noqa: E402
+from tests.helpers import assert_generation_contract, varied_prompts, warm_vllm_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -59,17 +59,7 @@ def policy(engine):
 
 @pytest.fixture(scope="module")
 def prompts(renderer, tokenizer):
-    """Prompts of clearly different lengths: a GuessNumber opening, a later GuessNumber turn
-    and a (long) CalcMath opening."""
-    guess, _ = GuessNumberEnv(n=32).reset(seed=3)
-    calc, _ = CalcMathEnv().reset(seed=3)
-    later = renderer.start(list(guess))
-    ids = tokenizer("16", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    renderer.add_sampled(later, ids, [0.0] * len(ids))
-    renderer.add_observation(later, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
-    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc)).token_ids, later.token_ids]
-    assert len({len(p) for p in out}) == 3
-    return out
+    return varied_prompts(renderer, tokenizer, {"n": 32})
 
 
 def test_generations_are_token_exact_and_end_with_eos_or_at_max_new_tokens(policy, tokenizer, prompts):
