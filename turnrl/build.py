@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium
 
 import turnrl.envs  # noqa: F401  (registers the turnrl/... ids)
 from turnrl.agents.hf_policy import TransformersPolicy
-from turnrl.agents.model import TinyModelConfig, build_tiny_model, load_pretrained
+from turnrl.agents.model import build_tiny_model, load_pretrained
 from turnrl.agents.protocol import RolloutPolicy
 from turnrl.agents.scripted import corpus_texts
 from turnrl.agents.tokenizer import build_tokenizer
@@ -107,10 +108,7 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     corpus = corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="expert")
     corpus += corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="weak")
     tokenizer = build_tokenizer(corpus, agent.tokenizer.vocab_size, agent.tokenizer.max_number)
-    m = agent.model
-    model_cfg = TinyModelConfig(m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-                                m.intermediate_size, m.max_positions)
-    return build_tiny_model(model_cfg, tokenizer, seed=cfg.seed), tokenizer
+    return build_tiny_model(agent.model, tokenizer, seed=cfg.seed), tokenizer
 
 
 BACKENDS = ("transformers", "vllm", "http")
@@ -123,7 +121,8 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
     ``transformers``: a ``TransformersPolicy`` on ``model`` itself (``needs_weight_push``
     False), or on a copy of it when ``own_copy`` (``TransformersPolicy.copy_of``: asynchronous
     rollouts sample while the learner updates ``model``); ``vllm``: a ``VLLMPolicy`` engine
-    started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``); ``http``: a
+    started on ``model`` saved under ``workdir`` (``cfg.agent.vllm``; a null
+    ``max_model_len`` is ``agent.max_context_tokens``); ``http``: a
     ``ServedPolicy`` over the servers of ``cfg.agent.http``, weight pushes written to
     ``agent.http.weights_dir`` (default ``workdir/weights``). All but the first take the
     learner's weights with ``sync_from(model)`` (or ``load_weights(merged_state_dict(model))``).
@@ -138,14 +137,10 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
             return TransformersPolicy.copy_of(model, tokenizer, seed=seed)
         return TransformersPolicy(model, tokenizer, seed=seed)
     if backend == "vllm":
-        from turnrl.agents.vllm_policy import VLLMEngineConfig, VLLMPolicy
+        from turnrl.agents.vllm_policy import VLLMPolicy
 
-        v = cfg.agent.vllm
-        engine = VLLMEngineConfig(
-            dtype=v.dtype, max_model_len=v.max_model_len or cfg.agent.max_context_tokens,
-            gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_memory_bytes=v.kv_cache_memory_bytes,
-            enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
-            enable_sleep_mode=v.sleep_during_update, max_num_seqs=v.max_num_seqs, extra=dict(v.extra))
+        v = cfg.agent.vllm  # the engine's settings; a null max_model_len is the episode's context limit
+        engine = replace(v, max_model_len=v.max_model_len or cfg.agent.max_context_tokens)
         return VLLMPolicy.from_model(model, tokenizer, workdir, seed=seed, engine=engine)
     if backend == "http":
         from turnrl.agents.http_policy import OpenAIPolicy

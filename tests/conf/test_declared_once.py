@@ -1,6 +1,8 @@
-"""Each setting is declared once: the learner's and critic's settings live in
-``turnrl.algorithms.config`` and the Hydra schema inherits them; the config-group YAMLs state
-only what differs from the schema's defaults."""
+"""Each setting is declared once: the settings a component reads are declared beside it (the
+learner's and critic's in ``turnrl.algorithms.config``, the DPO and reward-model trainers' in
+their modules, the tiny model's and the vLLM engine's in ``turnrl.agents``) and the Hydra
+schema inherits them; the config-group YAMLs state only what differs from the schema's
+defaults."""
 
 import copy
 import dataclasses
@@ -14,23 +16,42 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-import turnrl.algorithms
+import turnrl
 import turnrl.conf
+from turnrl.agents.model import TinyModelConfig
+from turnrl.agents.vllm_policy import VLLMEngineConfig
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.conf.schema import AlgorithmConfig, Config, TrainerConfig, register_configs
+from turnrl.algorithms.dpo import DPOConfig
+from turnrl.algorithms.reward_model import RewardModelConfig
+from turnrl.conf.schema import (AlgorithmConfig, Config, DPOStageConfig, ModelConfig, RewardModelStageConfig,
+                                TrainerConfig, VLLMConfig, register_configs)
 
 register_configs()
 
 CONF = Path(turnrl.conf.__file__).parent
-SETTINGS = (LossConfig, OptimConfig)
-# fields that share a name with a learner setting but are not that setting, so are declared apart:
-# the other stages' own optimizer settings (warm start, DPO, reward model), and StepCoefs, the
-# per-step values that schedules and the KL controller move (the configs hold the first step's)
+# (declaring class, the schema class that inherits it, where it is in the composed config)
+DECLARED = [
+    (LossConfig, AlgorithmConfig, "algorithm"),
+    (OptimConfig, TrainerConfig, "trainer"),
+    (DPOConfig, DPOStageConfig, "dpo"),
+    (RewardModelConfig, RewardModelStageConfig, "reward_model"),
+    (TinyModelConfig, ModelConfig, "agent.model"),
+    (VLLMEngineConfig, VLLMConfig, "agent.vllm"),
+]
+SETTINGS = tuple(declaring for declaring, _, _ in DECLARED)
+# names that several classes declare as settings (or state) of their own, each under its own key,
+# so are declared apart: the classes that may each declare one. lr / max_grad_norm / batch_size:
+# the RL updates' (trainer.), the warm start's (agent.warmstart.), DPO's (dpo.) and the reward
+# model's (reward_model.); entropy_coef / kl_coef: StepCoefs, the per-step values that schedules and
+# the KL controller move (the configs hold the first step's), and the checkpointed KL controller
+# state; dtype: the checkpoint's (agent.dtype), the engine's (agent.vllm.dtype), a saved state's
 DISTINCT = {
-    "lr": {"WarmStartConfig", "DPOStageConfig", "RewardModelStageConfig", "DPOConfig", "RewardModelConfig"},
-    "max_grad_norm": {"DPOConfig", "RewardModelConfig"},
-    "entropy_coef": {"StepCoefs"},
-    "kl_coef": {"StepCoefs"},
+    "lr": {"OptimConfig", "WarmStartConfig", "DPOConfig", "RewardModelConfig"},
+    "max_grad_norm": {"OptimConfig", "DPOConfig", "RewardModelConfig"},
+    "batch_size": {"WarmStartConfig", "DPOConfig", "RewardModelConfig"},
+    "entropy_coef": {"LossConfig", "StepCoefs"},
+    "kl_coef": {"LossConfig", "StepCoefs", "TrainingState"},
+    "dtype": {"VLLMEngineConfig", "AgentConfig", "TrainingState"},
 }
 
 
@@ -40,26 +61,37 @@ def _own_fields(cls) -> set[str]:
 
 
 def _dataclasses_in(package) -> list[type]:
+    """Every dataclass defined in ``package`` and its subpackages (``__main__`` modules are not
+    imported: they run the CLI)."""
     found = []
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue
+        module = importlib.import_module(info.name)
         found += [c for _, c in inspect.getmembers(module, dataclasses.is_dataclass)
                   if isinstance(c, type) and c.__module__ == module.__name__]
     return found
 
 
-def test_no_learner_or_critic_setting_is_declared_by_another_dataclass():
-    classes = _dataclasses_in(turnrl.algorithms) + _dataclasses_in(turnrl.conf)
-    assert AlgorithmConfig in classes and TrainerConfig in classes  # the scan sees the schema
+def redeclared(classes, settings=SETTINGS) -> list[str]:
+    """``module.Class.field (declared in Setting)`` for every field of a class in ``classes``
+    that a class in ``settings`` declares too, unless DISTINCT lets both declare that name."""
     twice = []
-    for setting_cls in SETTINGS:
+    for setting_cls in settings:
         for cls in classes:
             if cls is setting_cls:
                 continue
-            for name in _own_fields(cls) & _own_fields(setting_cls):
-                if cls.__name__ not in DISTINCT.get(name, ()):
+            for name in sorted(_own_fields(cls) & _own_fields(setting_cls)):
+                if not {cls.__name__, setting_cls.__name__} <= DISTINCT.get(name, set()):
                     twice.append(f"{cls.__module__}.{cls.__name__}.{name} (declared in {setting_cls.__name__})")
-    assert twice == [], f"settings declared twice: {twice}"
+    return twice
+
+
+def test_no_setting_is_declared_by_another_dataclass():
+    classes = _dataclasses_in(turnrl)  # the whole package: turnrl.agents, .algorithms, .conf, ...
+    for declaring, schema_cls, _ in DECLARED:  # the scan sees both ends of every pair
+        assert declaring in classes and schema_cls in classes
+    assert redeclared(classes) == [], "settings declared twice"
 
 
 def test_the_scan_would_catch_a_redeclared_setting():
@@ -68,18 +100,49 @@ def test_the_scan_would_catch_a_redeclared_setting():
         lr: float = 3e-4
         clip_low: float = 0.2
 
-    assert _own_fields(LearnerConfig) & _own_fields(OptimConfig) == {"lr"}
-    assert _own_fields(LearnerConfig) & _own_fields(LossConfig) == {"clip_low"}
-    assert _own_fields(AlgorithmConfig) & _own_fields(LossConfig) == set()  # inherited, not declared
+    @dataclasses.dataclass
+    class DPOStageConfig:  # the old design: the schema re-declared the DPO trainer's settings
+        steps: int = 0
+        beta: float = 0.1
+        lr: float = 1e-4
+
+    @dataclasses.dataclass
+    class VLLMConfig:  # ... and the vLLM engine's
+        dtype: str = "float32"
+        enforce_eager: bool = True
+
+    @dataclasses.dataclass
+    class ModelConfig:  # ... and the tiny model's
+        hidden_size: int = 128
+
+    found = redeclared([LearnerConfig, DPOStageConfig, VLLMConfig, ModelConfig])
+    # (an lr of no known kind is reported against every class that declares an lr)
+    assert {".".join(entry.split(" (")[0].rsplit(".", 2)[-2:]) for entry in found} == {
+        "LearnerConfig.lr", "LearnerConfig.clip_low", "DPOStageConfig.beta", "DPOStageConfig.lr",
+        "VLLMConfig.dtype", "VLLMConfig.enforce_eager", "ModelConfig.hidden_size"}
+    assert set(found) >= {
+        f"{__name__}.LearnerConfig.lr (declared in OptimConfig)",
+        f"{__name__}.LearnerConfig.clip_low (declared in LossConfig)",
+        f"{__name__}.DPOStageConfig.beta (declared in DPOConfig)",
+        f"{__name__}.DPOStageConfig.lr (declared in DPOConfig)",
+        f"{__name__}.VLLMConfig.dtype (declared in VLLMEngineConfig)",
+        f"{__name__}.VLLMConfig.enforce_eager (declared in VLLMEngineConfig)",
+        f"{__name__}.ModelConfig.hidden_size (declared in TinyModelConfig)",
+    }
+    for _, schema_cls, _ in DECLARED:  # inherited, not declared
+        assert redeclared([schema_cls]) == []
 
 
-def test_the_schema_inherits_the_learner_settings():
-    assert issubclass(AlgorithmConfig, LossConfig) and issubclass(TrainerConfig, OptimConfig)
-    defaults = OmegaConf.structured(Config)
-    for name in (f.name for f in dataclasses.fields(LossConfig)):
-        assert name in defaults.algorithm
-    for name in (f.name for f in dataclasses.fields(OptimConfig)):
-        assert name in defaults.trainer
+@pytest.mark.parametrize("declaring,schema_cls,where", DECLARED, ids=lambda x: getattr(x, "__name__", x))
+def test_the_schema_inherits_the_declared_settings(declaring, schema_cls, where):
+    assert issubclass(schema_cls, declaring)
+    assert OmegaConf.get_type(OmegaConf.select(OmegaConf.structured(Config), where)) is schema_cls
+    defaults = OmegaConf.to_object(OmegaConf.structured(Config))
+    node = defaults
+    for part in where.split("."):
+        node = getattr(node, part)
+    for f in dataclasses.fields(declaring):  # every setting is a key under ``where``, with the same default
+        assert getattr(node, f.name) == getattr(declaring(), f.name), f"{where}.{f.name}"
 
 
 def _compose(overrides):
@@ -87,7 +150,7 @@ def _compose(overrides):
         return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
 
 
-OVERRIDES = [  # one override per learner/critic setting: each reaches the dataclass the learner gets
+OVERRIDES = [  # one override per declared setting: each reaches the dataclass its component gets
     ("algorithm", "clip_low", "0.1", 0.1), ("algorithm", "clip_high", "0.3", 0.3),
     ("algorithm", "ppo_epochs", "2", 2), ("algorithm", "num_minibatches", "3", 3),
     ("algorithm", "kl_coef", "0.05", 0.05), ("algorithm", "kl_estimator", "k1", "k1"),
@@ -102,21 +165,46 @@ OVERRIDES = [  # one override per learner/critic setting: each reaches the datac
     ("trainer", "mixed_precision", "bf16", "bf16"), ("trainer", "gradient_checkpointing", "true", True),
     ("trainer", "lora_rank", "8", 8), ("trainer", "lora_alpha", "32", 32.0),
     ("trainer", "lora_target_modules", "[q_proj,v_proj]", ["q_proj", "v_proj"]),
+    ("dpo", "beta", "0.2", 0.2), ("dpo", "lr", "2e-4", 2e-4), ("dpo", "batch_size", "4", 4),
+    ("dpo", "max_grad_norm", "0.5", 0.5),
+    ("reward_model", "lr", "2e-3", 2e-3), ("reward_model", "batch_size", "8", 8),
+    ("reward_model", "max_grad_norm", "0.25", 0.25),
+    ("agent.model", "hidden_size", "64", 64), ("agent.model", "num_layers", "1", 1),
+    ("agent.model", "num_heads", "2", 2), ("agent.model", "num_kv_heads", "1", 1),
+    ("agent.model", "intermediate_size", "256", 256), ("agent.model", "max_positions", "512", 512),
+    ("agent.vllm", "dtype", "bfloat16", "bfloat16"), ("agent.vllm", "max_model_len", "512", 512),
+    ("agent.vllm", "gpu_memory_utilization", "0.5", 0.5),
+    ("agent.vllm", "kv_cache_memory_bytes", "33554432", 33554432),
+    ("agent.vllm", "enable_prefix_caching", "false", False), ("agent.vllm", "enforce_eager", "false", False),
+    ("agent.vllm", "max_num_seqs", "16", 16), ("agent.vllm", "sleep_during_update", "true", True),
+    # (a dict field's new keys need Hydra's +: the override is given whole)
+    ("agent.vllm", "extra", "+agent.vllm.extra.enable_chunked_prefill=false", {"enable_chunked_prefill": False}),
 ]
 
 
+def _override(where: str, name: str, text: str) -> str:
+    return text if text.startswith("+") else f"{where}.{name}={text}"
+
+
+def _node(cfg, where: str):
+    for part in where.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 def test_the_override_table_covers_every_setting():
-    covered = {(group, name) for group, name, _, _ in OVERRIDES}
-    expected = {("algorithm", f.name) for f in dataclasses.fields(LossConfig)}
-    expected |= {("trainer", f.name) for f in dataclasses.fields(OptimConfig)}
+    covered = {(where, name) for where, name, _, _ in OVERRIDES}
+    expected = {(where, f.name) for declaring, _, where in DECLARED for f in dataclasses.fields(declaring)}
     assert covered == expected
 
 
 def test_every_setting_is_a_hydra_key():
-    cfg = _compose([f"{group}.{name}={text}" for group, name, text, _ in OVERRIDES])
-    for group, name, _, value in OVERRIDES:
-        assert getattr(getattr(cfg, group), name) == value, f"{group}.{name}"
-    assert isinstance(cfg.algorithm, LossConfig) and isinstance(cfg.trainer, OptimConfig)
+    cfg = _compose([_override(where, name, text) for where, name, text, _ in OVERRIDES])
+    for where, name, _, value in OVERRIDES:
+        assert getattr(_node(cfg, where), name) == value, f"{where}.{name}"
+        assert getattr(_node(cfg, where), name) != getattr(_node(Config(), where), name), "not a default"
+    for declaring, schema_cls, where in DECLARED:
+        assert type(_node(cfg, where)) is schema_cls and isinstance(_node(cfg, where), declaring)
 
 
 def test_new_hydra_keys_reach_the_learner_and_the_critic(tiny_model, tokenizer, renderer):
@@ -133,6 +221,58 @@ def test_new_hydra_keys_reach_the_learner_and_the_critic(tiny_model, tokenizer, 
     critic.update(batch, batch.rewards[:, None] * batch.loss_mask, critic.values(batch))
     steps = {int(state["step"]) for state in critic.optimizer.state.values()}
     assert steps == {3}  # one optimizer step per critic epoch
+
+
+def _largest_step(model, step) -> float:
+    """The largest change of one weight of ``model`` in ``step()``."""
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    return max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+
+
+def test_stage_keys_reach_the_dpo_and_reward_model_trainers(tiny_model, renderer):
+    """``dpo.*`` / ``reward_model.*`` reach the trainers, max_grad_norm included (it had no key
+    before): clipped to 1e-12 the gradients are far below AdamW's eps, so a step barely moves
+    the weights (only AdamW's default weight decay, 0.01, moves a norm weight of 1 by lr / 100),
+    where unclipped it moves the largest one by about lr."""
+    from turnrl.algorithms.dpo import DPOTrainer, pairs_from_players
+    from turnrl.algorithms.reward_model import RewardModel, RewardModelTrainer
+    from turnrl.envs import GuessNumberEnv
+
+    pairs = pairs_from_players(GuessNumberEnv(n=32, max_turns=6), renderer, 8)
+    assert len(pairs) >= 2
+    pad = renderer.tokenizer.pad_token_id
+    for clip in (1.0, 1e-12):
+        cfg = _compose(["dpo.lr=2e-3", "dpo.beta=0.5", f"dpo.max_grad_norm={clip}",
+                        "reward_model.lr=3e-3", f"reward_model.max_grad_norm={clip}"])
+        dpo = DPOTrainer(copy.deepcopy(tiny_model), cfg.dpo, pad)
+        assert dpo.cfg is cfg.dpo and [g["lr"] for g in dpo.optimizer.param_groups] == [2e-3]
+        moved = _largest_step(dpo.model, lambda: dpo.step(pairs))
+        assert moved == pytest.approx(2e-3, rel=0.05) if clip == 1.0 else moved < 2e-3 * 0.05
+        rm = RewardModelTrainer(RewardModel.from_policy(tiny_model, pad), cfg.reward_model)
+        assert rm.cfg is cfg.reward_model and [g["lr"] for g in rm.optimizer.param_groups] == [3e-3]
+        moved = _largest_step(rm.model, lambda: rm.step(pairs))
+        assert moved == pytest.approx(3e-3, rel=0.05) if clip == 1.0 else moved < 3e-3 * 0.05
+
+
+def test_agent_keys_reach_the_tiny_model_and_the_vllm_engine(tokenizer, tmp_path):
+    """``agent.model.*`` size the model ``build_tiny_model`` gets as it is; ``agent.vllm.*`` is
+    the engine's settings object itself (a bad value is refused by the engine's check, before
+    anything is saved or vLLM is imported)."""
+    from turnrl.agents.model import build_tiny_model
+    from turnrl.build import rollout_policy
+
+    cfg = _compose(["agent.model.hidden_size=32", "agent.model.num_layers=1", "agent.model.num_heads=2",
+                    "agent.model.num_kv_heads=1", "agent.model.intermediate_size=48", "agent.model.max_positions=256"])
+    built = build_tiny_model(cfg.agent.model, tokenizer).config
+    assert (built.hidden_size, built.num_hidden_layers, built.num_attention_heads, built.num_key_value_heads,
+            built.intermediate_size, built.max_position_embeddings) == (32, 1, 2, 1, 48, 256)
+    model = build_tiny_model(cfg.agent.model, tokenizer)
+    cfg = _compose(["agent.backend=vllm", "agent.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
+        rollout_policy(cfg, model, tokenizer, tmp_path / "sampler", seed=0, own_copy=False)
+    assert not (tmp_path / "sampler").exists()
+    _compose([]).agent.vllm.check()  # the defaults pass
 
 
 def test_lora_keys_reach_the_adapters(tiny_model):

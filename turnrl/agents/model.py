@@ -19,18 +19,31 @@ _GENERIC_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 @dataclass
 class TinyModelConfig:
-    """Size of the small default model (a Qwen2 architecture, random init)."""
+    """Size of the small default model, a Qwen2 architecture with random init (under
+    ``agent.model.`` in Hydra).
 
-    hidden_size: int = 128  # width of the residual stream
-    num_layers: int = 2  # transformer blocks
-    num_heads: int = 4  # attention heads (head dim = hidden_size / num_heads)
-    num_kv_heads: int = 2  # grouped-query KV heads, as in Qwen2
-    intermediate_size: int = 512  # MLP width
-    max_positions: int = 1024  # context length the rotary embedding is set up for
+    Declared once: the Hydra schema's ``ModelConfig`` (``turnrl.conf.schema``) inherits these
+    fields, so ``agent.model.hidden_size`` on the command line sets exactly this field and the
+    run hands ``cfg.agent.model`` to ``build_tiny_model`` as it is.
+    """
+
+    # width of the residual stream of the tiny Qwen2 model
+    hidden_size: int = 128
+    # number of transformer blocks
+    num_layers: int = 2
+    # attention heads (hidden_size must be divisible by it; head dim = hidden_size / num_heads)
+    num_heads: int = 4
+    # key/value heads (grouped-query attention, as in Qwen2)
+    num_kv_heads: int = 2
+    # width of the MLP
+    intermediate_size: int = 512
+    # longest context the model is set up for (the rotary embedding's max_position_embeddings)
+    max_positions: int = 1024
 
 
 def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> Qwen2ForCausalLM:
-    """Build a randomly initialised Qwen2 causal LM sized by ``cfg`` for ``tokenizer``.
+    """Build a randomly initialised Qwen2 causal LM sized by ``cfg`` (a ``TinyModelConfig`` or
+    the schema's ``cfg.agent.model``) for ``tokenizer``.
 
     The initialisation depends only on ``seed`` (the global torch RNG is restored after).
     """

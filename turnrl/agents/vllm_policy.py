@@ -54,13 +54,14 @@ over engine steps.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -91,41 +92,50 @@ def _import_vllm():
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-@dataclass(frozen=True)
+@dataclass
 class VLLMEngineConfig:
-    """How the vLLM engine is started (the knobs a training config sets).
+    """How the vLLM engine is started (under ``agent.vllm.`` in Hydra).
 
-    Attributes:
-        dtype: weights and activations of the engine: ``"float32"`` (exact agreement with an
-            fp32 learner), ``"bfloat16"`` or ``"float16"``.
-        max_model_len: longest sequence (prompt + turn) in tokens; None: the model's
-            ``max_position_embeddings``. Set it to at least ``agent.max_context_tokens``.
-        gpu_memory_utilization: fraction of GPU memory the engine may take (weights + KV
-            cache); colocated with a learner on one GPU keep it low (e.g. 0.3). On CPU it is a
-            fraction of RAM, used only when no explicit KV size is given.
-        kv_cache_memory_bytes: explicit KV cache size in bytes (overrides
-            ``gpu_memory_utilization``). None on CPU: ``VLLM_CPU_KVCACHE_SPACE`` GiB when that
-            variable is set, else 256 MiB.
-        enable_prefix_caching: reuse KV blocks of shared prompt prefixes (a group's samples,
-            earlier turns); reset on every weight push.
-        enforce_eager: no CUDA graphs / torch.compile (fast start; on GPU False is faster to
-            sample but slower to start).
-        enable_sleep_mode: allow ``sleep`` / ``wake_up`` (GPU only).
-        max_num_seqs: most sequences in one engine step; None: vLLM's default.
-        extra: further ``vllm.LLM`` keyword arguments, passed through as they are.
+    Declared once: the Hydra schema's ``VLLMConfig`` (``turnrl.conf.schema``) inherits these
+    fields, so ``agent.vllm.dtype`` on the command line sets exactly this field and the
+    trainer starts the engine from ``cfg.agent.vllm`` (with ``max_model_len`` filled in when
+    null, see below). The values are checked by ``check()``, which ``VLLMPolicy`` calls before
+    anything is saved or started (and ``turnrl.conf.validate`` checks ``dtype`` of a Hydra run).
     """
 
+    # engine dtype: float32 (agrees with an fp32 learner to ~1e-6 per token), bfloat16 or float16
     dtype: str = "float32"
-    max_model_len: int | None = None
+    # longest sequence (prompt + turn) the engine takes, in tokens; null: a training run uses
+    # agent.max_context_tokens, a VLLMPolicy started directly the model's max_position_embeddings
+    max_model_len: Optional[int] = None
+    # fraction of GPU memory the engine may take, weights + KV cache (keep it low when colocated
+    # with the learner, e.g. 0.3); on CPU a fraction of RAM, used only when no KV size is given
     gpu_memory_utilization: float = 0.3
-    kv_cache_memory_bytes: int | None = None
+    # explicit KV cache size in bytes, over gpu_memory_utilization (null: from
+    # gpu_memory_utilization; on CPU VLLM_CPU_KVCACHE_SPACE GiB when that is set, else 256 MiB)
+    kv_cache_memory_bytes: Optional[int] = None
+    # reuse KV blocks of shared prefixes (a group's samples, earlier turns); reset on every push
     enable_prefix_caching: bool = True
+    # no CUDA graphs / compilation: fast start-up (false samples faster on GPU)
     enforce_eager: bool = True
-    enable_sleep_mode: bool = False
-    max_num_seqs: int | None = None
+    # most sequences in one engine step (null: vLLM's default)
+    max_num_seqs: Optional[int] = None
+    # start the engine with vLLM's sleep mode, so sleep() / wake_up() work (CUDA only); in a
+    # training run the engine, colocated on the learner's GPU, then sleeps (frees its memory)
+    # during each update and wakes for the weight push (synchronous rollouts only)
+    sleep_during_update: bool = False
+    # further vllm.LLM keyword arguments, as they are (not model, seed, logprobs_mode or
+    # skip_tokenizer_init, which VLLMPolicy sets)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def check(self) -> None:
+        """Check the values (the engine is not started).
+
+        Raises:
+            ValueError: On a dtype not in ``ENGINE_DTYPES``, a size that is not a positive int
+                or None, ``gpu_memory_utilization`` outside (0, 1], or ``extra`` setting what
+                ``VLLMPolicy`` sets itself.
+        """
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}")
         for name in ("max_model_len", "kv_cache_memory_bytes", "max_num_seqs"):
@@ -150,6 +160,20 @@ class VLLMEngineConfig:
         return cls(**kwargs)
 
 
+def _engine_settings(engine: VLLMEngineConfig | None, engine_kwargs: dict) -> VLLMEngineConfig:
+    """The checked engine settings of ``engine=`` or of keyword arguments (not both)."""
+    if engine is not None and engine_kwargs:
+        raise TypeError("pass the engine settings either as engine=VLLMEngineConfig(...) or as keyword "
+                        f"arguments, not both (got engine and {sorted(engine_kwargs)})")
+    if engine is None:
+        engine = VLLMEngineConfig.from_kwargs(**engine_kwargs)
+    elif not isinstance(engine, VLLMEngineConfig):
+        raise TypeError(f"engine must be a VLLMEngineConfig (or the schema's cfg.agent.vllm), got "
+                        f"{type(engine).__name__}")
+    engine.check()
+    return copy.deepcopy(engine)  # the policy's own copy: later changes to the caller's do not reach it
+
+
 class VLLMPolicy:
     """Samples assistant turns for many episodes at once on a vLLM engine (module docstring).
 
@@ -158,7 +182,8 @@ class VLLMPolicy:
         tokenizer: the policy's tokenizer: ``eos_token_id`` ends a turn. It is not loaded into
             the engine (prompts are ids).
         seed: seed of the per-request sampling seeds, and of the engine.
-        engine: engine settings; or pass them as keyword arguments (``VLLMEngineConfig``).
+        engine: engine settings, a ``VLLMEngineConfig`` (or the schema's ``cfg.agent.vllm``, a
+            subclass), checked and copied; or pass its fields as keyword arguments.
 
     Raises:
         ImportError: If vLLM is not installed (how to install it).
@@ -171,10 +196,7 @@ class VLLMPolicy:
 
     def __init__(self, model_path: str | os.PathLike, tokenizer, seed: int = 0,
                  engine: VLLMEngineConfig | None = None, **engine_kwargs):
-        if engine is not None and engine_kwargs:
-            raise TypeError("pass the engine settings either as engine=VLLMEngineConfig(...) or as keyword "
-                            f"arguments, not both (got engine and {sorted(engine_kwargs)})")
-        engine = engine if engine is not None else VLLMEngineConfig.from_kwargs(**engine_kwargs)
+        engine = _engine_settings(engine, engine_kwargs)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -195,7 +217,7 @@ class VLLMPolicy:
         kwargs = dict(model=self.model_path, dtype=engine.dtype, max_model_len=engine.max_model_len,
                       gpu_memory_utilization=engine.gpu_memory_utilization,
                       enable_prefix_caching=engine.enable_prefix_caching, enforce_eager=engine.enforce_eager,
-                      enable_sleep_mode=engine.enable_sleep_mode, seed=seed, logprobs_mode="processed_logprobs",
+                      enable_sleep_mode=engine.sleep_during_update, seed=seed, logprobs_mode="processed_logprobs",
                       skip_tokenizer_init=True, generation_config="vllm")
         kv_bytes = engine.kv_cache_memory_bytes
         if kv_bytes is None and self.on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -241,9 +263,10 @@ class VLLMPolicy:
         if not hasattr(_unwrap(model), "config") or not hasattr(_unwrap(model), "save_pretrained"):
             raise TypeError(f"model must be a transformers PreTrainedModel (its config and weights are saved for "
                             f"the engine), got {type(model).__name__}")
+        engine = _engine_settings(engine_kwargs.pop("engine", None), engine_kwargs)  # checked before saving
         path = Path(workdir) / "model"
         save_for_engine(_unwrap(model), tokenizer, path)
-        return cls(path, tokenizer, seed=seed, **engine_kwargs)
+        return cls(path, tokenizer, seed=seed, engine=engine)
 
     # ------------------------------------------------------------------ sampling
     def rng_state(self) -> dict:
@@ -387,14 +410,14 @@ class VLLMPolicy:
         anyway). Passthrough to ``vllm.LLM.sleep``.
 
         Raises:
-            RuntimeError: If the engine was not started with ``enable_sleep_mode=True`` (which
+            RuntimeError: If the engine was not started with ``sleep_during_update=True`` (which
                 vLLM offers on CUDA only: on CPU there is nothing to free).
         """
         if level not in (1, 2):
             raise ValueError(f"level must be 1 (offload weights) or 2 (discard weights), got {level!r}")
-        if not self.engine_config.enable_sleep_mode:
-            raise RuntimeError("sleep() needs an engine started with enable_sleep_mode=True (a CUDA-only vLLM "
-                               "feature; vllm-cpu has no sleep mode, and on CPU there is no device memory to free)")
+        if not self.engine_config.sleep_during_update:
+            raise RuntimeError("sleep() needs an engine started with sleep_during_update=True (vLLM's sleep mode, "
+                               "CUDA only; vllm-cpu has no sleep mode, and on CPU there is no device memory to free)")
         self._check_awake()
         self.llm.sleep(level=level)
         self._asleep = level
@@ -442,9 +465,8 @@ class VLLMPolicy:
 
     def describe(self) -> dict:
         """The engine settings and state, for logs."""
-        return {"model_path": self.model_path, "max_model_len": self.max_model_len, "on_cpu": self.on_cpu,
-                "closed": self.llm is None,
-                "weight_version": self.weight_version, **asdict(self.engine_config)}
+        return {**asdict(self.engine_config), "model_path": self.model_path, "max_model_len": self.max_model_len,
+                "on_cpu": self.on_cpu, "closed": self.llm is None, "weight_version": self.weight_version}
 
 
 # ---------------------------------------------------------------------- agreement check
@@ -553,8 +575,8 @@ def _config_value(path: str, key: str) -> Any:
 
 
 def _check_engine(path: str, engine: VLLMEngineConfig, on_cpu: bool, platform) -> None:
-    if engine.enable_sleep_mode and not platform.is_sleep_mode_available():
-        raise ValueError(f"enable_sleep_mode=True: vLLM has no sleep mode on this platform "
+    if engine.sleep_during_update and not platform.is_sleep_mode_available():
+        raise ValueError(f"sleep_during_update=True: vLLM has no sleep mode on this platform "
                          f"({platform.device_name}); it exists on CUDA only. Start the engine without it")
     if not on_cpu:
         return

@@ -160,16 +160,33 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 
 @dataclass
 class DPOConfig:
-    """Settings of the DPO trainer."""
+    """Settings of the DPO trainer (under ``dpo.`` in Hydra).
 
+    Declared once: the Hydra schema's ``DPOStageConfig`` (``turnrl.conf.schema``) inherits
+    these fields and adds the stage's own (steps, where the pairs come from), so ``dpo.beta``
+    on the command line sets exactly this field and the DPO stage hands ``cfg.dpo`` to
+    ``DPOTrainer`` as it is.
+    """
+
+    # DPO's beta (strength of the pull toward the reference)
     beta: float = 0.1
+    # AdamW learning rate of the DPO stage
     lr: float = 1e-4
-    batch_size: int = 8  # pairs per optimizer step
+    # preference pairs per DPO step
+    batch_size: int = 8
+    # gradient clipping by global norm of the DPO updates
     max_grad_norm: float = 1.0
 
 
 class DPOTrainer:
-    """Trains ``model`` with DPO against a frozen copy of itself taken at construction."""
+    """Trains ``model`` with DPO against a frozen copy of itself taken at construction.
+
+    Args:
+        model: the policy, trained in place.
+        cfg: its settings: a ``DPOConfig`` or the schema's ``cfg.dpo`` (a subclass); the
+            trainer reads ``beta``, ``lr``, ``batch_size`` and ``max_grad_norm`` only.
+        pad_id: the tokenizer's pad id.
+    """
 
     def __init__(self, model, cfg: DPOConfig, pad_id: int):
         self.model, self.cfg, self.pad_id = model, cfg, pad_id

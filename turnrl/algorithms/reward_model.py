@@ -83,15 +83,30 @@ def calibration(model: RewardModel, pairs: Sequence[PreferencePair], bins: int =
 
 @dataclass
 class RewardModelConfig:
-    """Settings of reward-model training."""
+    """Settings of reward-model training (under ``reward_model.`` in Hydra).
 
+    Declared once: the Hydra schema's ``RewardModelStageConfig`` (``turnrl.conf.schema``)
+    inherits these fields and adds the stage's own (steps, where the pairs come from), so
+    ``reward_model.lr`` on the command line sets exactly this field and the stage hands
+    ``cfg.reward_model`` to ``RewardModelTrainer`` as it is.
+    """
+
+    # AdamW learning rate of the reward model
     lr: float = 1e-3
-    batch_size: int = 16  # pairs per step
+    # preference pairs per step
+    batch_size: int = 16
+    # gradient clipping by global norm of the reward model's updates
     max_grad_norm: float = 1.0
 
 
 class RewardModelTrainer:
-    """Fits a ``RewardModel`` to preference pairs with the Bradley-Terry loss."""
+    """Fits a ``RewardModel`` to preference pairs with the Bradley-Terry loss.
+
+    Args:
+        model: the reward model, trained in place.
+        cfg: its settings: a ``RewardModelConfig`` or the schema's ``cfg.reward_model`` (a
+            subclass); the trainer reads ``lr``, ``batch_size`` and ``max_grad_norm`` only.
+    """
 
     def __init__(self, model: RewardModel, cfg: RewardModelConfig):
         self.model, self.cfg = model, cfg

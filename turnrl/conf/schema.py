@@ -1,13 +1,21 @@
 """Structured-config schemas: Hydra validates every YAML file and override against them, so
 a mistyped key or a value of the wrong type fails at start-up naming the key.
 
-Every setting is declared once. The learner's and critic's settings are declared in
-``turnrl.algorithms.config`` (``LossConfig``, ``OptimConfig``) and inherited here by
-``AlgorithmConfig`` and ``TrainerConfig``, so they appear in Hydra as ``algorithm.<field>``
-and ``trainer.<field>`` and the trainer hands ``cfg.algorithm`` / ``cfg.trainer`` to the
-learner as they are. Values that are allowed by type but not by meaning (an unknown estimator
-name, conflicting switches) are checked by ``turnrl.conf.validate.validate`` before a run
-starts. The config-group YAMLs state only what differs from these defaults.
+Every setting is declared once. The settings a component reads are declared beside it and
+inherited here: the learner's and critic's in ``turnrl.algorithms.config`` (``LossConfig``,
+``OptimConfig``: ``AlgorithmConfig``, ``TrainerConfig``), the DPO trainer's in
+``turnrl.algorithms.dpo`` (``DPOConfig``: ``DPOStageConfig``), the reward-model trainer's in
+``turnrl.algorithms.reward_model`` (``RewardModelConfig``: ``RewardModelStageConfig``), the
+tiny model's in ``turnrl.agents.model`` (``TinyModelConfig``: ``ModelConfig``) and the vLLM
+engine's in ``turnrl.agents.vllm_policy`` (``VLLMEngineConfig``: ``VLLMConfig``). So they
+appear in Hydra as ``algorithm.<field>``, ``trainer.<field>``, ``dpo.<field>``,
+``reward_model.<field>``, ``agent.model.<field>`` and ``agent.vllm.<field>``, and the code
+hands ``cfg.algorithm``, ``cfg.trainer``, ``cfg.dpo``, ``cfg.reward_model``,
+``cfg.agent.model`` and ``cfg.agent.vllm`` to those components as they are (the one value
+filled in on the way: a null ``agent.vllm.max_model_len`` is ``agent.max_context_tokens``).
+Values that are allowed by type but not by meaning (an unknown estimator name, conflicting
+switches) are checked by ``turnrl.conf.validate.validate`` before a run starts. The
+config-group YAMLs state only what differs from these defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +25,11 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from turnrl.agents.model import TinyModelConfig
+from turnrl.agents.vllm_policy import VLLMEngineConfig
 from turnrl.algorithms.config import LossConfig, OptimConfig
+from turnrl.algorithms.dpo import DPOConfig
+from turnrl.algorithms.reward_model import RewardModelConfig
 
 
 @dataclass
@@ -38,19 +50,9 @@ class EnvConfig:
 
 
 @dataclass
-class ModelConfig:
-    # width of the residual stream of the tiny Qwen2 model
-    hidden_size: int = 128
-    # number of transformer blocks
-    num_layers: int = 2
-    # attention heads (hidden_size must be divisible by it)
-    num_heads: int = 4
-    # key/value heads (grouped-query attention)
-    num_kv_heads: int = 2
-    # width of the MLP
-    intermediate_size: int = 512
-    # longest context the model is set up for
-    max_positions: int = 1024
+class ModelConfig(TinyModelConfig):
+    """Architecture of the tiny model (every field, hidden_size ... max_positions, is
+    TinyModelConfig's: see turnrl/agents/model.py for each one's meaning and default)."""
 
 
 @dataclass
@@ -76,26 +78,10 @@ class WarmStartConfig:
 
 
 @dataclass
-class VLLMConfig:
-    # engine dtype: float32 (agrees with an fp32 learner to ~1e-6 per token), bfloat16 or float16
-    dtype: str = "float32"
-    # longest sequence (prompt + turn) the engine takes; null = agent.max_context_tokens
-    max_model_len: Optional[int] = None
-    # fraction of GPU memory the engine may take (keep it low when colocated with the learner)
-    gpu_memory_utilization: float = 0.3
-    # explicit KV cache size in bytes (null: from gpu_memory_utilization; on CPU 256 MiB)
-    kv_cache_memory_bytes: Optional[int] = None
-    # reuse KV blocks of shared prefixes (a group's samples, earlier turns); reset on every push
-    enable_prefix_caching: bool = True
-    # no CUDA graphs / compilation: fast start-up (false samples faster on GPU)
-    enforce_eager: bool = True
-    # most sequences in one engine step (null: vLLM's default)
-    max_num_seqs: Optional[int] = None
-    # colocated on the learner's GPU: the engine sleeps (frees its memory) during each update and
-    # wakes for the weight push (CUDA only; synchronous rollouts only)
-    sleep_during_update: bool = False
-    # further vllm.LLM keyword arguments, as they are
-    extra: dict[str, Any] = field(default_factory=dict)
+class VLLMConfig(VLLMEngineConfig):
+    """The vLLM engine of agent.backend=vllm (every field, dtype ... extra, is
+    VLLMEngineConfig's: see turnrl/agents/vllm_policy.py for each one's meaning and default;
+    a null max_model_len is agent.max_context_tokens)."""
 
 
 @dataclass
@@ -233,15 +219,12 @@ class TrainerConfig(OptimConfig):
 
 
 @dataclass
-class DPOStageConfig:
+class DPOStageConfig(DPOConfig):
+    """The optional DPO stage (the trainer's fields, beta ... max_grad_norm, are DPOConfig's:
+    see turnrl/algorithms/dpo.py for each one's meaning and default)."""
+
     # DPO steps after the supervised warm start and before RL (0 = no DPO stage)
     steps: int = 0
-    # DPO's beta (strength of the pull toward the reference)
-    beta: float = 0.1
-    # Adam learning rate of the DPO stage
-    lr: float = 1e-4
-    # preference pairs per DPO step
-    batch_size: int = 8
     # JSONL file of pairs ({prompt, chosen, rejected}); null builds pairs from rollouts of the
     # warm-started policy: the best against the worst sample of each task's group
     pairs_path: Optional[str] = None
@@ -251,14 +234,14 @@ class DPOStageConfig:
 
 
 @dataclass
-class RewardModelStageConfig:
+class RewardModelStageConfig(RewardModelConfig):
+    """The optional learned reward model (the trainer's fields, lr ... max_grad_norm, are
+    RewardModelConfig's: see turnrl/algorithms/reward_model.py for each one's meaning and
+    default)."""
+
     # Bradley-Terry reward-model steps before RL; > 0 trains one and RL is rewarded by it
     # instead of the env's verifier (which stays the held-out metric and the logged gap)
     steps: int = 0
-    # Adam learning rate of the reward model
-    lr: float = 1e-3
-    # preference pairs per step
-    batch_size: int = 16
     # JSONL file of pairs ({prompt, chosen, rejected}); null: expert vs weak scripted episodes
     # of the train split, labelled by the env's verifier
     pairs_path: Optional[str] = None
