@@ -179,3 +179,10 @@ def test_missing_trl_says_pip_install_trl(monkeypatch):
             load_template("qwen3")
     finally:
         families.load_template.cache_clear()
+
+
+def test_docs_table_matches_the_registry():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "templates.md").read_text()
+    assert families.docs_table() in page, "regenerate docs/templates.md's table with turnrl.agents.families.docs_table()"

@@ -188,3 +188,17 @@ def family_tokenizer(family: str, corpus: Iterable[str] = (), vocab_size: int = 
     tokenizer.chat_template = load_template(fam.template)
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def docs_table() -> str:
+    """The markdown table of ``docs/templates.md``: each family, its TRL template, tool-call
+    parser, mode (one segment or segments) and why (its ``ChatFormat.notes``)."""
+    from turnrl.agents.chat_format import get_format
+
+    rows = ["| family | TRL template | tool parser | mode | why |", "|---|---|---|---|---|"]
+    for name in sorted(FAMILIES):
+        fmt = get_format(name)
+        mode = "one segment" if fmt.notes.startswith("ONE segment") else "segments"
+        why = fmt.notes.replace("|", "\\|")
+        rows.append(f"| {name} | {FAMILIES[name].template}.jinja | {fmt.tool_parser} | {mode} | {why} |")
+    return "\n".join(rows) + "\n"
