@@ -1,0 +1,138 @@
+"""Conformance of the renderer with every model family's real chat template.
+
+For each family (``turnrl.agents.families``): an episode with a tool call (written by the
+family's formatter, ``turnrl.tools.format_call``), a tool result, a second user message,
+thinking blocks for thinking families, Unicode and trailing whitespace, run through
+``ChatRenderer`` turn by turn with fixed "sampled" ids. Checks: every segment's decoded ids
+are the template's render of the conversation at that point; every sampled id sequence appears
+verbatim at its turn span, with ``loss_mask`` 1 exactly there; and the number of segments is
+what the family's ``ChatFormat.notes`` claim (``ONE segment`` or ``SEGMENTS``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from turnrl.agents import renderer as renderer_module
+from turnrl.agents.chat_format import get_format
+from turnrl.agents.families import FAMILIES, family_tokenizer
+from turnrl.tools import format_call
+from turnrl.tools.parsers import ToolCall
+
+pytestmark = pytest.mark.skipif(not hasattr(renderer_module.Conversation(), "segment_starts"),
+                                reason="needs the segment-aware renderer")
+
+NAMES = sorted(FAMILIES)
+TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "the expression"}},
+                   "required": ["expression"]}}}]
+CALL = ToolCall("calculator", {"expression": "2+3"})
+TRIMS = "trims message content"
+
+
+def one_segment(name: str) -> bool:
+    return get_format(name).notes.startswith("ONE segment")
+
+
+def sampled_text(fmt, prompt: str, body: str, reasoning: str | None, call: bool) -> str:
+    """What a model of ``fmt``'s family writes after ``prompt``: an optional thought, ``body``, an
+    optional call of calculator, and the token that ends the turn."""
+    if fmt.tool_parser == "harmony":  # gpt-oss: channels; a call ends with <|call|>, an answer with <|return|>
+        text = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
+        if call:
+            return text + format_call(CALL, "harmony").removeprefix("<|start|>assistant")
+        return text + f"<|channel|>final<|message|>{body}<|return|>"
+    text = ""
+    if fmt.name == "glm4moe":  # GLM writes its (possibly empty) thought right after <|assistant|>
+        text = f"\n<think>{reasoning or ''}</think>\n"
+    elif reasoning and fmt.thinking:
+        open_tag, close_tag = fmt.thinking
+        if prompt.endswith(f"{open_tag}\n"):  # the prompt opened the thought
+            text = f"{reasoning}\n{close_tag}\n\n"
+        else:
+            text = f"{open_tag}\n{reasoning}\n{close_tag}\n\n"
+    if call:
+        if fmt.name != "gemma4":  # gemma4 writes a call turn's text after its results: none before the call
+            text += body
+        text += format_call(CALL, fmt.tool_parser)
+        # the turn ends with the family's stop token for a call where it has one
+        stop = {"gemma4": "<|tool_response>", "glm4moe": "<|observation|>"}.get(fmt.name, fmt.end_of_turn[0])
+        return text + stop
+    return text + body + fmt.end_of_turn[0]
+
+
+def run_episode(name: str, *, thinking: bool, trailing: str):
+    tok = family_tokenizer(name)
+    fmt = get_format(name)
+    r = renderer_module.ChatRenderer(tok, fmt, on_rewrite="segment")
+    eot_ids = {tok.convert_tokens_to_ids(t) for t in fmt.end_of_turn}
+    steps = [("call", "Let me compute. é\n", "I add 2 and 3."),
+             ("tool", "5 (中文 🙂)", None),
+             ("answer", f"The answer is 5 🙂.{trailing}", "Got 5."),
+             ("user", "Now 3*4? Ångström", None),
+             ("answer", f"12.{trailing}", "3 times 4.")]
+    conv = r.start([{"role": "system", "content": "You are helpful."},
+                    {"role": "user", "content": "What is 2+3? é 中文 🙂"}], tools=TOOLS)
+    sampled: list[list[int]] = []
+
+    def check_segment(gen: bool):
+        seg = conv.token_ids[conv.segment_starts[-1]:]
+        assert tok.decode(seg, skip_special_tokens=False) == conv.text
+        assert conv.text == r.render(conv.messages, add_generation_prompt=gen, tools=TOOLS)
+
+    check_segment(True)
+    for kind, text, reasoning in steps:
+        if kind in ("call", "answer"):
+            sample = sampled_text(fmt, conv.text, text, reasoning if thinking else None, kind == "call")
+            ids = tok(sample, add_special_tokens=False)["input_ids"]
+            assert ids[-1] in eot_ids, (name, sample)
+            before = conv.text
+            r.add_sampled(conv, ids, [-0.5 - i / 100 for i in range(len(ids))])
+            sampled.append(ids)
+            assert conv.text == before + sample
+        else:
+            role = "tool" if kind == "tool" else "user"
+            r.add_observation(conv, [{"role": role, "content": text}], add_generation_prompt=True)
+            check_segment(True)
+    r.add_observation(conv, [], add_generation_prompt=False)
+    # trajectory ids: sampled ids verbatim at their spans, loss_mask 1 exactly there
+    assert [conv.token_ids[s:e] for s, e in conv.turn_spans] == sampled
+    in_span = [0] * len(conv.token_ids)
+    for (s, e), ids in zip(conv.turn_spans, sampled):
+        in_span[s:e] = [1] * (e - s)
+        assert conv.logprobs[s:e] == [-0.5 - i / 100 for i in range(len(ids))]
+    assert conv.loss_mask == in_span
+    assert len(conv.token_ids) == len(conv.loss_mask) == len(conv.logprobs)
+    # every segment decodes to a render the template gives of its conversation: check the seams
+    bounds = [*conv.segment_starts, len(conv.token_ids)]
+    for a, b in zip(bounds, bounds[1:]):
+        assert conv.loss_mask[a] == 0, "a segment opens with its prompt, not sampled ids"
+        assert not any(s < a < e for s, e in conv.turn_spans), "a segment boundary cuts a sampled turn"
+    return tok, fmt, conv
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_episode_segments_match_the_template(name):
+    tok, fmt, conv = run_episode(name, thinking=fmt_thinks(name), trailing="" if TRIMS in get_format(name).notes
+                                 else "  \n")
+    n = len(conv.segment_starts)
+    if one_segment(name):
+        assert n == 1, f"{name}: notes say ONE segment, the episode took {n}: {fmt.notes}"
+    else:
+        assert n >= 2, f"{name}: notes say SEGMENTS, the episode kept one: {fmt.notes}"
+
+
+def fmt_thinks(name: str) -> bool:
+    return get_format(name).thinking is not None and name != "gemma4"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if TRIMS in get_format(n).notes])
+def test_trimming_templates_start_a_segment_after_trailing_whitespace(name):
+    _, _, conv = run_episode(name, thinking=False, trailing="  \n")
+    assert len(conv.segment_starts) >= 2
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if get_format(n).thinking is not None])
+def test_thinking_families_keep_exact_ids_with_thoughts(name):
+    run_episode(name, thinking=True, trailing="")
