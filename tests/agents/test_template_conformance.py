@@ -136,3 +136,58 @@ def test_trimming_templates_start_a_segment_after_trailing_whitespace(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if get_format(n).thinking is not None])
 def test_thinking_families_keep_exact_ids_with_thoughts(name):
     run_episode(name, thinking=True, trailing="")
+
+
+@pytest.fixture(scope="module")
+def family_rollouts():
+    """``family_rollouts(name) -> (trajectories, tokenizer, model)``: a tiny random-init Qwen2 sized
+    to the family's tokenizer samples 2 calc_math episodes through the real collector; the logits
+    of the family's end-of-turn ids are raised so turns end at varied lengths."""
+    import torch
+
+    from turnrl.agents import SamplingParams, TinyModelConfig, TransformersPolicy, build_tiny_model
+    from turnrl.agents.chat_format import turn_end_ids
+    from turnrl.envs import CalcMathEnv
+    from turnrl.rollout import RolloutCollector, Task
+
+    def run(name: str):
+        tok = family_tokenizer(name)
+        model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                                 intermediate_size=64), tok, seed=0)
+        stops = list(turn_end_ids(tok))
+
+        def end_bias(module, inputs, logits):
+            bias = torch.zeros(logits.shape[-1], dtype=logits.dtype)
+            bias[stops] = 4.0
+            return logits + bias
+
+        model.lm_head.register_forward_hook(end_bias)
+        renderer = renderer_module.ChatRenderer(tok, get_format(name))
+        collector = RolloutCollector(lambda: CalcMathEnv(max_turns=3), TransformersPolicy(model, tok, seed=3), renderer,
+                                     max_context_tokens=4096, env_workers=1)
+        trajectories = collector.collect([Task(0)], group_size=2, params=SamplingParams(max_new_tokens=8))
+        return trajectories, tok, model
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_learner_logprobs_equal_the_samplers_on_each_familys_rollouts(family_rollouts, name):
+    import torch
+
+    from turnrl.algorithms import collate, token_logprobs
+
+    trajectories, tok, model = family_rollouts(name)
+    assert all(t.termination in ("terminated", "truncated") for t in trajectories), [t.error for t in trajectories]
+    assert sum(t.num_turns for t in trajectories) >= 3
+    batch = collate(trajectories, tok.pad_token_id)
+    with torch.no_grad():
+        learner, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+                                    segments=batch.segment_index)
+    mask = batch.loss_mask.bool()
+    assert int(mask.sum()) == sum(t.num_generated_tokens for t in trajectories)
+    assert float((learner - batch.old_logprobs).abs()[mask].max()) <= 1e-4
+    for traj in trajectories:  # every segment opens with a full render of the template (a prompt, not sampled ids)
+        for start in traj.segment_starts:
+            assert traj.loss_mask[start] == 0

@@ -26,8 +26,8 @@ class ChatFormat:
         markers: substrings that all occur in the family's chat template text (detection);
             the format with the most markers that all match wins.
         tool_parser: the ``turnrl.tools`` parser (and formatter) of the calls the family writes.
-        end_of_turn: special tokens that end an assistant turn (the first is the one the
-            template writes after a history turn); a sampled turn's trailing one is not content.
+        end_of_turn: special tokens that end a sampled assistant turn (the sampler stops at any
+            of them, ``turn_end_ids``); a sampled turn's trailing one is not content.
         native_tools: the template renders ``apply_chat_template(..., tools=...)``; when False
             the renderer writes ``turnrl.tools.tools_prompt`` into the system message instead.
         tool_role: the role tool results are given to the template as (``"tool"``, or
@@ -94,6 +94,19 @@ def resolve(name: str, template: str | None) -> ChatFormat:
     return detect(template) if name == "auto" else get_format(name)
 
 
+def turn_end_ids(tokenizer) -> tuple[int, ...]:
+    """The ids that end a sampled turn: the tokenizer's ``eos_token_id`` first, then the other
+    end-of-turn tokens of the format detected from its chat template (e.g. gpt-oss ends a call
+    with ``<|call|>`` and an answer with ``<|return|>``; Llama 3.1 ``<|eom_id|>``)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    try:
+        fmt = detect(tokenizer.chat_template)
+    except ValueError:  # no template, or one no format knows: the eos alone ends a turn
+        return tuple(ids)
+    vocab = tokenizer.get_vocab()
+    return tuple(dict.fromkeys([*ids, *(vocab[t] for t in fmt.end_of_turn if t in vocab)]))
+
+
 # ---------------------------------------------------------------- the families
 register_format(ChatFormat(
     name="chatml", markers=("<|im_start|>", "<|im_end|>"), tool_parser="hermes", end_of_turn=("<|im_end|>",),
@@ -127,7 +140,7 @@ for _fmt in (
                notes=_TRIMS + "; tool results are written as ipython turns"),
     ChatFormat("llama3_1", (*_LLAMA3, "tools_in_user_message", "<|python_tag|>"), "llama3_json",
                ("<|eot_id|>", "<|eom_id|>"), notes=_TRIMS + "; tool results are written as ipython turns"),
-    ChatFormat("gptoss", ("<|channel|>", "<|message|>", "<|call|>"), "harmony", ("<|end|>", "<|return|>", "<|call|>"),
+    ChatFormat("gptoss", ("<|channel|>", "<|message|>", "<|call|>"), "harmony", ("<|return|>", "<|call|>"),
                history="structured", thinking=("<|channel|>analysis<|message|>", "<|end|>"),
                notes="SEGMENTS: a new user message drops the analysis of the turns before it and writes a final <|return|> as <|end|>; tool results stay in one segment when a call's header is written as the template writes it (to= before <|channel|>)"),
     ChatFormat("deepseekv3", (*_DEEPSEEK, "is_first_sp"), "deepseek_v3", ("<｜end▁of▁sentence｜>",), native_tools=False,

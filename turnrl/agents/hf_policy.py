@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from turnrl.agents.chat_format import turn_end_ids
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.agents.weights import merged_state_dict, unwrap_model
 
@@ -30,7 +31,8 @@ class TransformersPolicy:
 
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
-        tokenizer: its tokenizer; ``eos_token_id`` ends a turn, ``pad_token_id`` pads.
+        tokenizer: its tokenizer; ``eos_token_id`` (and the other end-of-turn tokens of its chat
+            format, ``turnrl.agents.chat_format.turn_end_ids``) end a turn, ``pad_token_id`` pads.
         seed: seed of the sampling RNG (a private ``torch.Generator``).
     """
 
@@ -42,6 +44,7 @@ class TransformersPolicy:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.eos_id = tokenizer.eos_token_id
+        self.stop_ids = turn_end_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self._own_copy = False
 
@@ -144,6 +147,7 @@ class TransformersPolicy:
         sampled = [[] for _ in range(batch)]
         logprobs = [[] for _ in range(batch)]
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        stops = torch.tensor(self.stop_ids, dtype=torch.long, device=self.device)
         for _ in range(params.max_new_tokens):
             if params.greedy:
                 logp = torch.log_softmax(logits, dim=-1)
@@ -155,7 +159,7 @@ class TransformersPolicy:
             for row in (~finished).nonzero().flatten().tolist():
                 sampled[row].append(int(tokens[row]))
                 logprobs[row].append(float(chosen[row]))
-            finished |= tokens == self.eos_id
+            finished |= torch.isin(tokens, stops)
             if bool(finished.all()):
                 break
             tokens = tokens.masked_fill(finished, self.pad_id)
@@ -171,7 +175,7 @@ class TransformersPolicy:
             next_position = next_position + 1
         self.model.train(was_training)
         return [
-            Generation(ids, lps, "stop" if ids and ids[-1] == self.eos_id else "length")
+            Generation(ids, lps, "stop" if ids and ids[-1] in self.stop_ids else "length")
             for ids, lps in zip(sampled, logprobs)
         ]
 

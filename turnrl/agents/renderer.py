@@ -131,16 +131,29 @@ class ChatRenderer:
 
         parse = get_parser(self.format.tool_parser)(text)
         message: dict = {"role": "assistant", "content": parse.content}
-        if self.format.thinking is not None:
+        if self.format.thinking is not None:  # the thought is read off the raw text (a parser may drop it)
             open_tag, close_tag = self.format.thinking
-            if close_tag in parse.content:
-                thought, _, rest = parse.content.partition(close_tag)
-                message["content"] = rest.strip()
-                message["thinking"] = message["reasoning_content"] = thought.split(open_tag)[-1].strip()
+            if open_tag in text:
+                thought = text.split(open_tag, 1)[1].split(close_tag, 1)[0]
+                message["thinking"] = message["reasoning_content"] = thought.strip()
+                message["content"] = _without_thought(parse.content, open_tag, close_tag)
         if parse.calls:
             message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                      for c in parse.calls]
         return message
+
+    def _opener(self, prompt_text: str) -> str:
+        """The thought opener the generation prompt wrote inside the assistant turn (e.g. a
+        prompt ending ``<think>\n``): the sampled text continues it, so its history message
+        starts with it. Empty when the prompt opened none."""
+        if self.format.thinking is None:
+            return ""
+        open_tag, close_tag = self.format.thinking
+        at = prompt_text.rfind(open_tag, max(0, len(prompt_text) - 64))
+        if at < 0:
+            return ""
+        rest = prompt_text[at + len(open_tag):]
+        return prompt_text[at:] if not rest.strip() or rest.strip() == close_tag else ""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text (no BOS/EOS added; special tokens in the text are kept)."""
@@ -159,12 +172,17 @@ class ChatRenderer:
         return conv
 
     def add_sampled(self, conv: Conversation, ids: list[int], logprobs: list[float]) -> str:
-        """Append one assistant turn's sampled ids verbatim; return its message content.
+        """Append one assistant turn's sampled ids verbatim; return the env's action.
 
-        The content is the decoded text without a trailing end-of-turn token.
+        The turn's history message holds the decoded text without a trailing end-of-turn token
+        (after the thought opener its prompt wrote, if any). The action is that text without
+        its thought for a family whose turns begin with one (``ChatFormat.thinking`` with raw
+        history: what follows the thought's close tag; nothing of an unclosed thought);
+        structured families' parsers read thoughts themselves and get the whole text.
         """
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} sampled ids but {len(logprobs)} logprobs")
+        opener = self._opener(conv.text)
         start = len(conv.token_ids)
         conv.token_ids.extend(ids)
         conv.loss_mask.extend([1] * len(ids))
@@ -172,9 +190,11 @@ class ChatRenderer:
         conv.turn_spans.append((start, start + len(ids)))
         conv.text += self.tokenizer.decode(ids, skip_special_tokens=False)
         body = ids[:-1] if ids and ids[-1] in self.end_ids else ids
-        content = self.tokenizer.decode(body, skip_special_tokens=False)
+        content = opener + self.tokenizer.decode(body, skip_special_tokens=False)
         conv.messages.append({"role": "assistant", "content": content})
-        return content
+        if self.format.thinking is None or self.format.history != "raw":
+            return content
+        return _answer(content, *self.format.thinking)
 
     def add_observation(self, conv: Conversation, messages: list[dict], add_generation_prompt: bool) -> None:
         """Append observation messages (and the next generation prompt) as template ids.
@@ -235,6 +255,24 @@ def _with_tools_prompt(messages: list[dict], tools: list[dict], parser: str) -> 
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def _without_thought(text: str, open_tag: str, close_tag: str) -> str:
+    """``text`` without its ``open_tag ... close_tag`` block, stripped."""
+    if open_tag not in text:
+        return text
+    before, after = text.split(open_tag, 1)
+    return (before + (after.split(close_tag, 1)[1] if close_tag in after else "")).strip()
+
+
+def _answer(text: str, open_tag: str, close_tag: str) -> str:
+    """What follows a turn's thought: the text after its last ``close_tag``; of a thought that
+    never closed (the turn was cut), nothing; a turn without a thought, whole."""
+    if close_tag in text:
+        return text.rsplit(close_tag, 1)[1].lstrip()
+    if open_tag in text:
+        return text.split(open_tag, 1)[0]
+    return text
 
 
 def _merge_roles(messages: list[dict]) -> list[dict]:

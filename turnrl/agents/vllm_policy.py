@@ -5,8 +5,8 @@ The contract is exactly that of ``TransformersPolicy.generate(prompts, params)``
 
 * prompts go in as token ids (``TokensPrompt`` dicts), ids come back as ids: nothing is
   detokenised or re-tokenised (the engine runs with ``skip_tokenizer_init``);
-* a turn ends at the tokenizer's end-of-turn id only (``stop_token_ids=[eos]`` with
-  ``ignore_eos``), which is the last sampled id (``finish_reason="stop"``), or after
+* a turn ends at the end-of-turn ids only (``stop_token_ids``: the tokenizer's eos and its chat
+  format's other end-of-turn tokens, ``turn_end_ids``; with ``ignore_eos``), the last sampled id (``finish_reason="stop"``), or after
   ``max_new_tokens`` ids (``"length"``);
 * the engine runs with ``logprobs_mode="processed_logprobs"``, so ``logprobs[i]`` is the logprob
   of the sampled id under ``softmax(logits / temperature)``, the distribution it was drawn from
@@ -66,6 +66,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from turnrl.agents.chat_format import turn_end_ids
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.agents.weights import merged_state_dict, save_weights
 from turnrl.agents.weights import unwrap_model as _unwrap
@@ -211,6 +212,7 @@ class VLLMPolicy:
         self.model_path = str(model_path)
         self.tokenizer = tokenizer
         self.eos_id = eos
+        self.stop_ids = turn_end_ids(tokenizer)
         self.engine_config = engine
         self.on_cpu = current_platform.is_cpu()
         _check_engine(self.model_path, engine, self.on_cpu, current_platform)
@@ -319,7 +321,7 @@ class VLLMPolicy:
         return self._vllm.SamplingParams(
             n=1, max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
             top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
-            seed=seed, logprobs=0, stop_token_ids=[self.eos_id], ignore_eos=True, detokenize=False,
+            seed=seed, logprobs=0, stop_token_ids=list(self.stop_ids), ignore_eos=True, detokenize=False,
             skip_special_tokens=False)
 
     def _generation(self, out, params: SamplingParams) -> Generation:
@@ -329,7 +331,7 @@ class VLLMPolicy:
             raise RuntimeError("the vLLM engine returned no logprob for some sampled tokens; it must run with "
                                "logprobs_mode='processed_logprobs' and requests with logprobs=0")
         logprobs = [float(step[t].logprob) for t, step in zip(ids, completion.logprobs)]
-        reason = "stop" if ids and ids[-1] == self.eos_id else "length"
+        reason = "stop" if ids and ids[-1] in self.stop_ids else "length"
         cut_early = reason == "length" and len(ids) != params.max_new_tokens
         if completion.finish_reason not in ("stop", "length") or cut_early:
             raise RuntimeError(f"the vLLM engine ended a turn after {len(ids)} of {params.max_new_tokens} tokens "
