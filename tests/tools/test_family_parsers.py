@@ -111,8 +111,8 @@ def test_prose_is_absent_and_no_format_reads_another_formats_call(fmt):
     ("qwen3_coder", "<tool_call>\n<function=f>\n</function>\n</tool_call>\n<tool_call>{}</tool_call>",
      "tool call 2 is not in the qwen3_coder format"),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1}', "the call is not valid JSON"),
-    ("llama3_json", '{"name": "f", "parameters": {}} and more', "text after the call"),
-    ("llama3_json", '{"answer": 42}', 'needs a non-empty string "name"'),
+    ("llama3_json", 'Calling.\n{"name": "f", "parameters": {}', "the call is not valid JSON"),
+    ("llama3_json", '{"name": 42}', '"name" must be a non-empty string'),
     ("llama3_json", '{"name": "f", "parameters": [1]}', "the arguments must be a JSON object"),
     ("harmony", "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{x}<|call|>",
      "tool call 1 (f): the message is not valid JSON"),
@@ -147,10 +147,12 @@ def test_harmony_content_is_the_final_channel_and_the_turn_may_start_after_the_g
         "ok", (ToolCall("calc", {"expression": "2"}),), "", None)
 
 
-def test_llama3_json_reads_python_tag_and_arguments_key_and_other_turns_are_absent():
+def test_llama3_json_reads_python_tag_and_arguments_key_and_an_object_before_more_text_is_no_call():
     parse = get_parser("llama3_json")
-    assert parse('<|python_tag|>{"name": "f", "arguments": {"x": 1}}').calls == (ToolCall("f", {"x": 1}),)
-    assert parse('Here: {"name": "f", "parameters": {}}').status == "absent"
+    assert parse('I will look.\n<|python_tag|>{"name": "f", "arguments": {"x": 1}}') == ParseResult(
+        "ok", (ToolCall("f", {"x": 1}),), "I will look.", None)
+    for text in ('Here: {"name": "f", "parameters": {}}', '{"name": "f", "parameters": {}}\nand more', '{"answer": 4}'):
+        assert parse(text) == ParseResult("absent", (), text, None)
 
 
 def test_deepseek_v3_1_form_and_several_calls_in_one_block():
@@ -211,7 +213,7 @@ def test_vllm_reads_the_same_calls(vllm_parsers, vllm_name, fmt):
     text = "\n".join(format_call(c, fmt) for c in calls)
     if fmt == "pythonic":  # LFM2 writes several calls in one list, and vLLM reads only the first block
         text = text.replace("]<|tool_call_end|>\n<|tool_call_start|>[", ", ")
-    text = text if fmt in WHOLE_TURN_FORMATS else "Let me look.\n" + text
+    text = "Let me look.\n" + text
     got = parsers[vllm_name].extract_tool_calls(text, request)
     assert [(c.function.name, json.loads(c.function.arguments)) for c in got.tool_calls] == [
         (c.name, c.arguments) for c in get_parser(fmt)(text).calls]

@@ -37,8 +37,8 @@ from turnrl.tools.parsers import (
 from turnrl.tools.schema import json_type_name
 
 WHOLE_TURN_FORMATS = frozenset({"llama3_json"})
-"""Formats whose call is the whole turn: one call, no text around it (``format_call``'s "several
-calls joined by newlines" contract does not hold for them)."""
+"""Formats whose call ends the turn: one call, no text after it (``format_call``'s "several calls
+joined by newlines" contract does not hold for them)."""
 
 Decode = Callable[[str, int], "list[ToolCall] | str"]
 
@@ -198,43 +198,47 @@ def _format_qwen3_coder(call: ToolCall) -> str:
 # ---- llama3_json ---------------------------------------------------------------------------------
 
 PYTHON_TAG = "<|python_tag|>"
-_LLAMA_SHAPE = '{"name": "<tool name>", "parameters": {...}}'
+_LLAMA_SHAPE = '{"name": "<tool name>", "parameters": {...}}' + " at the end of the turn, one call per turn"
+_LLAMA_START = re.compile(r'(?:^|\n)[ \t]*(?:<\|python_tag\|>)?\s*(?=\{\s*"name"\s*:)')
 
 
 @register_parser("llama3_json")
 def parse_llama3_json(text: str) -> ParseResult:
-    """Parse Llama 3.1 / 3.2 JSON calls: the whole turn is one JSON object.
+    """Parse Llama 3.1 / 3.2 JSON calls: one JSON object that ends the turn.
 
     Format::
 
         {"name": "calculator", "parameters": {"expression": "2 + 3"}}
 
-    A turn that starts with ``{`` (after an optional ``<|python_tag|>``) is a call, as vLLM reads
-    it; any other turn is ``absent``. ``"arguments"`` is accepted for ``"parameters"``. One call per
-    turn, nothing around it (the templates raise on several calls). Template: equal (llama3_1, 3_2).
+    The call starts a line with ``{"name"`` (after an optional ``<|python_tag|>``) and runs to the
+    end of the turn; text before it is content. An object followed by more text (a JSON answer, a
+    hermes or fenced block) is no call: ``absent``. ``"arguments"`` is accepted for
+    ``"parameters"``. One call per turn (the templates raise on several).
+    Template: equal (llama3_1, llama3_2).
     """
     if not isinstance(text, str):
         return _not_text(text)
-    body = text.strip().removeprefix(PYTHON_TAG).strip()
-    if not body.startswith("{"):
+    starts = list(_LLAMA_START.finditer(text))
+    if not starts:
         return ParseResult("absent", (), text.strip(), None)
+    content, body = text[:starts[-1].start()].strip(), text[starts[-1].end():].strip()
     try:
         obj, end = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as e:
-        return ParseResult("malformed", (), "", f"the call is not valid JSON ({e.msg} at line {e.lineno} column "
-                                                f"{e.colno}); a turn starting with {{ is a call: write {_LLAMA_SHAPE}")
+        return ParseResult("malformed", (), content, f"the call is not valid JSON ({e.msg} at line {e.lineno} "
+                                                     f"column {e.colno}); write {_LLAMA_SHAPE}")
     except (ValueError, RecursionError) as e:
-        return ParseResult("malformed", (), "", f"the call is not valid JSON ({type(e).__name__}); write {_LLAMA_SHAPE}")
+        return ParseResult("malformed", (), content, f"the call is not valid JSON ({type(e).__name__}); "
+                                                     f"write {_LLAMA_SHAPE}")
     if body[end:].strip():
-        return ParseResult("malformed", (), "", f"text after the call ({body[end:].strip()[:40]!r}); a call is the "
-                                                f"whole turn: write {_LLAMA_SHAPE} alone, one call per turn")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"].strip():
-        return ParseResult("malformed", (), "", f'the call needs a non-empty string "name"; write {_LLAMA_SHAPE}')
+        return ParseResult("absent", (), text.strip(), None)
+    if not isinstance(obj.get("name"), str) or not obj["name"].strip():
+        return ParseResult("malformed", (), content, f'"name" must be a non-empty string; write {_LLAMA_SHAPE}')
     arguments = _arguments(obj.get("parameters", obj.get("arguments", {})), f"tool call 1 ({obj['name']})",
                            '"parameters": {"x": 1}')
     if isinstance(arguments, str):
-        return ParseResult("malformed", (), "", arguments)
-    return ParseResult("ok", (ToolCall(obj["name"], arguments),), "", None)
+        return ParseResult("malformed", (), content, arguments)
+    return ParseResult("ok", (ToolCall(obj["name"], arguments),), content, None)
 
 
 @register_formatter("llama3_json")
