@@ -10,7 +10,6 @@ import pytest
 
 from turnrl.agents.tokenizer import build_tokenizer
 from turnrl.tools import ParseResult, ToolCall, format_call, get_parser, other_formats
-from turnrl.tools.family_parsers import WHOLE_TURN_FORMATS
 
 FAMILIES = ("qwen3_coder", "llama3_json", "harmony", "deepseek_v3", "glm4", "gemma4", "pythonic")
 TEMPLATES = Path(importlib.util.find_spec("trl").origin).parent / "chat_templates"
@@ -90,7 +89,7 @@ def test_round_trip_with_unicode_and_strings_that_look_like_json(fmt, call):
     assert get_parser(fmt)(format_call(call, fmt)) == ParseResult("ok", (call,), "", None)
 
 
-@pytest.mark.parametrize("fmt", sorted(set(FAMILIES) - WHOLE_TURN_FORMATS))
+@pytest.mark.parametrize("fmt", FAMILIES)
 def test_several_calls_with_text_around(fmt):
     other = ToolCall("calc", {"expression": "2 + 3"})
     text = f"Let me look.\n{format_call(CALL, fmt)}\n{format_call(other, fmt)}\nDone."
@@ -110,8 +109,8 @@ def test_prose_is_absent_and_no_format_reads_another_formats_call(fmt):
     ("qwen3_coder", "<tool_call><function=f></tool_call>", "must hold one <function=NAME> ... </function> block"),
     ("qwen3_coder", "<tool_call>\n<function=f>\n</function>\n</tool_call>\n<tool_call>{}</tool_call>",
      "tool call 2 is not in the qwen3_coder format"),
-    ("llama3_json", '{"name": "f", "parameters": {"x": 1}', "the call is not valid JSON"),
-    ("llama3_json", 'Calling.\n{"name": "f", "parameters": {}', "the call is not valid JSON"),
+    ("llama3_json", '{"name": "f", "parameters": {"x": 1}', "tool call 1 is not valid JSON"),
+    ("llama3_json", 'Calling.\n{"name": "f", "parameters": {}', "tool call 1 is not valid JSON"),
     ("llama3_json", '{"name": 42}', '"name" must be a non-empty string'),
     ("llama3_json", '{"name": "f", "parameters": [1]}', "the arguments must be a JSON object"),
     ("harmony", "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{x}<|call|>",
@@ -147,11 +146,12 @@ def test_harmony_content_is_the_final_channel_and_the_turn_may_start_after_the_g
         "ok", (ToolCall("calc", {"expression": "2"}),), "", None)
 
 
-def test_llama3_json_reads_python_tag_and_arguments_key_and_an_object_before_more_text_is_no_call():
+def test_llama3_json_reads_python_tag_and_arguments_key_and_an_object_in_prose_or_a_block_is_no_call():
     parse = get_parser("llama3_json")
     assert parse('I will look.\n<|python_tag|>{"name": "f", "arguments": {"x": 1}}') == ParseResult(
         "ok", (ToolCall("f", {"x": 1}),), "I will look.", None)
-    for text in ('Here: {"name": "f", "parameters": {}}', '{"name": "f", "parameters": {}}\nand more', '{"answer": 4}'):
+    for text in ('Here: {"name": "f", "parameters": {}}', '{"name": "f", "parameters": {}} and more', '{"answer": 4}',
+                 '<tool_call>\n{"name": "f", "parameters": {}}\n</tool_call>'):
         assert parse(text) == ParseResult("absent", (), text, None)
 
 
@@ -209,7 +209,7 @@ def test_vllm_reads_the_same_calls(vllm_parsers, vllm_name, fmt):
     (vLLM's ``openai`` parser is a stub; harmony is parsed from token ids with the o200k encoding)
     and Gemma 4 (vLLM's is an engine parser working on the model's token ids)."""
     parsers, request = vllm_parsers
-    calls = [CALL] if fmt in WHOLE_TURN_FORMATS else [CALL, ToolCall("noargs", {})]
+    calls = [CALL, ToolCall("noargs", {})]
     text = "\n".join(format_call(c, fmt) for c in calls)
     if fmt == "pythonic":  # LFM2 writes several calls in one list, and vLLM reads only the first block
         text = text.replace("]<|tool_call_end|>\n<|tool_call_start|>[", ", ")
