@@ -3,7 +3,6 @@
 import pytest
 
 from turnrl.tools import FORMATTERS, PARSERS, ParseResult, ToolCall, format_call, get_parser
-from turnrl.tools.family_parsers import WHOLE_TURN_FORMATS
 
 fenced = get_parser("json_fenced")
 xml = get_parser("xml")
@@ -161,8 +160,6 @@ def test_format_then_parse_is_the_same_call(name, call):
 
 @pytest.mark.parametrize("name", sorted(FORMATTERS))
 def test_two_formatted_calls_with_prose_parse_to_both(name):
-    if name in WHOLE_TURN_FORMATS:
-        pytest.skip(f"a {name} call is the whole turn: one call, no text around it")
     text = f"First.\n{format_call(CALC, name)}\nThen.\n{format_call(TRICKY, name)}"
     assert get_parser(name)(text) == ParseResult("ok", (CALC, TRICKY), "First.\nThen.", None)
 

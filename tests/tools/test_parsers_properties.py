@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnrl.tools import FORMATTERS, PARSERS, ToolCall, format_call
-from turnrl.tools.family_parsers import WHOLE_TURN_FORMATS
 
 SETTINGS = settings(max_examples=200, deadline=None, database=None)
 
@@ -71,8 +70,6 @@ def test_call_like_text_gives_a_well_formed_result(name, text):
 @given(calls=st.lists(tool_calls, min_size=1, max_size=3), before=prose, between=prose)
 def test_format_then_parse_returns_the_same_calls(name, calls, before, between):
     assert name in FORMATTERS, f"parser {name!r} has no formatter; add one with @register_formatter({name!r})"
-    if name in WHOLE_TURN_FORMATS:  # one call, the whole turn
-        calls, before, between = calls[:1], "", ""
     text = before + "\n" + f"\n{between}\n".join(format_call(call, name) for call in calls)
     r = PARSERS[name](text)
     assert r.status == "ok", r.error

@@ -36,10 +36,6 @@ from turnrl.tools.parsers import (
 )
 from turnrl.tools.schema import json_type_name
 
-WHOLE_TURN_FORMATS = frozenset({"llama3_json"})
-"""Formats whose call is the whole turn: one call, no text around it (``format_call``'s "several
-calls joined by newlines" contract does not hold for them)."""
-
 Decode = Callable[[str, int], "list[ToolCall] | str"]
 
 
@@ -198,43 +194,57 @@ def _format_qwen3_coder(call: ToolCall) -> str:
 # ---- llama3_json ---------------------------------------------------------------------------------
 
 PYTHON_TAG = "<|python_tag|>"
-_LLAMA_SHAPE = '{"name": "<tool name>", "parameters": {...}}'
+_LLAMA_SHAPE = '{"name": "<tool name>", "parameters": {...}} on a line of its own'
+_LLAMA_START = re.compile(r'^[ \t]*(?:<\|python_tag\|>)?[ \t]*(?=\{\s*"name"\s*:)', re.M)
+_LLAMA_INSIDE = re.compile(r"(?:<tool_call>|```[ \t]*(?:json|tool_call))$", re.I)
 
 
 @register_parser("llama3_json")
 def parse_llama3_json(text: str) -> ParseResult:
-    """Parse Llama 3.1 / 3.2 JSON calls: the whole turn is one JSON object.
+    """Parse Llama 3.1 / 3.2 JSON calls: a JSON object on a line of its own.
 
     Format::
 
         {"name": "calculator", "parameters": {"expression": "2 + 3"}}
 
-    A turn that starts with ``{`` (after an optional ``<|python_tag|>``) is a call, as vLLM reads
-    it; any other turn is ``absent``. ``"arguments"`` is accepted for ``"parameters"``. One call per
-    turn, nothing around it (the templates raise on several calls). Template: equal (llama3_1, 3_2).
+    A call starts a line with ``{"name"`` (after an optional ``<|python_tag|>``) and its object
+    ends that line; text around it is content. An object followed by more text on its line is
+    prose, and one that opens a hermes or fenced block is that format's. ``"arguments"`` is
+    accepted for ``"parameters"``. Several calls are read, though the templates render one per turn
+    (they raise on several). Template: equal (llama3_1, llama3_2).
     """
     if not isinstance(text, str):
         return _not_text(text)
-    body = text.strip().removeprefix(PYTHON_TAG).strip()
-    if not body.startswith("{"):
+    outside: list[str] = []
+    calls: list[ToolCall] = []
+    pos = 0
+    for start in _LLAMA_START.finditer(text):
+        if start.start() < pos or _LLAMA_INSIDE.search(text[max(0, start.start() - 40):start.start()].rstrip()):
+            continue
+        index, content = len(calls) + 1, _join([*outside, text[pos:start.start()]])
+        try:
+            obj, end = json.JSONDecoder().raw_decode(text, start.end())
+        except json.JSONDecodeError as e:
+            return ParseResult("malformed", (), content, f"tool call {index} is not valid JSON ({e.msg} at line "
+                                                         f"{e.lineno} column {e.colno}); write {_LLAMA_SHAPE}")
+        except (ValueError, RecursionError) as e:
+            return ParseResult("malformed", (), content, f"tool call {index} is not valid JSON "
+                                                         f"({type(e).__name__}); write {_LLAMA_SHAPE}")
+        if text[end:].split("\n", 1)[0].strip():
+            continue  # more text on its line: an object in prose, not a call
+        if not isinstance(obj.get("name"), str) or not obj["name"].strip():
+            return ParseResult("malformed", (), content, f'tool call {index}: "name" must be a non-empty string; '
+                                                         f"write {_LLAMA_SHAPE}")
+        arguments = _arguments(obj.get("parameters", obj.get("arguments", {})), f"tool call {index} ({obj['name']})",
+                               '"parameters": {"x": 1}')
+        if isinstance(arguments, str):
+            return ParseResult("malformed", (), content, arguments)
+        outside.append(text[pos:start.start()])
+        calls.append(ToolCall(obj["name"], arguments))
+        pos = end
+    if not calls:
         return ParseResult("absent", (), text.strip(), None)
-    try:
-        obj, end = json.JSONDecoder().raw_decode(body)
-    except json.JSONDecodeError as e:
-        return ParseResult("malformed", (), "", f"the call is not valid JSON ({e.msg} at line {e.lineno} column "
-                                                f"{e.colno}); a turn starting with {{ is a call: write {_LLAMA_SHAPE}")
-    except (ValueError, RecursionError) as e:
-        return ParseResult("malformed", (), "", f"the call is not valid JSON ({type(e).__name__}); write {_LLAMA_SHAPE}")
-    if body[end:].strip():
-        return ParseResult("malformed", (), "", f"text after the call ({body[end:].strip()[:40]!r}); a call is the "
-                                                f"whole turn: write {_LLAMA_SHAPE} alone, one call per turn")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"].strip():
-        return ParseResult("malformed", (), "", f'the call needs a non-empty string "name"; write {_LLAMA_SHAPE}')
-    arguments = _arguments(obj.get("parameters", obj.get("arguments", {})), f"tool call 1 ({obj['name']})",
-                           '"parameters": {"x": 1}')
-    if isinstance(arguments, str):
-        return ParseResult("malformed", (), "", arguments)
-    return ParseResult("ok", (ToolCall(obj["name"], arguments),), "", None)
+    return ParseResult("ok", tuple(calls), _join([*outside, text[pos:]]), None)
 
 
 @register_formatter("llama3_json")
