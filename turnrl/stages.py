@@ -131,8 +131,8 @@ def engine_agreement(sampler, model, renderer: ChatRenderer, env_fn: Callable, c
     from turnrl.agents.vllm_policy import logprob_agreement
 
     env = env_fn()
-    prompts = [renderer.start(list(env.reset(seed=i, options={"split": "train"})[0])).token_ids
-               for i in range(episodes)]
+    openings = [env.reset(seed=i, options={"split": "train"}) for i in range(episodes)]
+    prompts = [renderer.start(list(obs), tools=info.get("tools")).token_ids for obs, info in openings]
     env.close()
     params = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, temperature=cfg.agent.temperature)
     found = logprob_agreement(sampler, model, prompts, params)

@@ -31,15 +31,15 @@ def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expe
     rng = rng if rng is not None else np.random.default_rng(seed)
     base = env.unwrapped
     obs, info = env.reset(seed=seed, options={"split": split})
-    conv = renderer.start(list(obs))
+    conv = renderer.start(list(obs), tools=info.get("tools"))
     eos = renderer.tokenizer.eos_token_id
     rewards, state_keys = [], [info.get("state_key")]
     success, termination = False, "truncated"
     while True:
         text = base.expert_action() if player == "expert" else base.weak_expert_action(rng)
         ids = renderer.encode(text) + [eos]
-        renderer.add_sampled(conv, ids, [0.0] * len(ids))
-        obs, reward, terminated, truncated, info = env.step(text)
+        action = renderer.add_sampled(conv, ids, [0.0] * len(ids))
+        obs, reward, terminated, truncated, info = env.step(action)
         rewards.append(float(reward))
         success = bool(info.get("success", False))
         if terminated or truncated:
@@ -48,12 +48,8 @@ def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expe
             break
         renderer.add_observation(conv, list(obs), add_generation_prompt=True)
         state_keys.append(info.get("state_key"))
-    return Trajectory(
-        token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
-        turn_spans=conv.turn_spans, turn_rewards=rewards, success=success, group_id=0,
-        task_id=str(info.get("task_id", seed)), termination=termination, messages=conv.messages,
-        state_keys=state_keys,
-    )
+    return Trajectory.from_conversation(conv, rewards, success, 0, str(info.get("task_id", seed)), termination,
+                                        state_keys=state_keys)
 
 
 def corpus_texts(env, seeds: range, player: str = "expert") -> list[str]:

@@ -85,8 +85,7 @@ def render_continuation(renderer: ChatRenderer, prompt: list[dict], continuation
         else:
             pending.append(message)
     renderer.add_observation(conv, pending, add_generation_prompt=False)
-    return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.turn_spans, [0.0] * len(conv.turn_spans),
-                      False, 0, task_id, "terminated", messages=conv.messages)
+    return Trajectory.from_conversation(conv, [0.0] * len(conv.turn_spans), False, 0, task_id, "terminated")
 
 
 def load_pairs(path: str | Path, renderer: ChatRenderer) -> list[PreferencePair]:

@@ -37,7 +37,7 @@ class RewardModelReward(gymnasium.Wrapper):
 
     def reset(self, **kwargs: Any):
         obs, info = self.env.reset(**kwargs)
-        self._conv = self.renderer.start(list(obs))
+        self._conv = self.renderer.start(list(obs), tools=info.get("tools"))
         self._verifier = 0.0
         return obs, info
 
@@ -53,8 +53,8 @@ class RewardModelReward(gymnasium.Wrapper):
             return obs, 0.0, terminated, truncated, info
         self.renderer.add_observation(self._conv, [], add_generation_prompt=False)
         c = self._conv
-        episode = Trajectory(c.token_ids, c.loss_mask, c.logprobs, c.turn_spans, [0.0] * len(c.turn_spans),
-                             False, 0, str(info.get("task_id", "")), "terminated")
+        episode = Trajectory.from_conversation(c, [0.0] * len(c.turn_spans), False, 0, str(info.get("task_id", "")),
+                                               "terminated")
         proxy = float(self.reward_model.score([episode])[0])
         self._conv = None
         return obs, proxy, terminated, truncated, {**info, "verifier_reward": self._verifier, "proxy_reward": proxy}

@@ -44,10 +44,7 @@ class _Episode:
     @classmethod
     def start(cls, env: gymnasium.Env, conv: Conversation, group_id: int, task_id: str, **fields) -> _Episode:
         """A live episode on ``conv`` (``fields``: further ``Trajectory`` fields, e.g. ``env_id``)."""
-        traj = Trajectory(token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
-                          turn_spans=conv.turn_spans, messages=conv.messages, segment_starts=conv.segment_starts,
-                          turn_rewards=[], success=False, group_id=group_id, task_id=task_id, termination=None,
-                          **fields)
+        traj = Trajectory.from_conversation(conv, [], False, group_id, task_id, None, **fields)
         return cls(env, conv, traj)
 
 

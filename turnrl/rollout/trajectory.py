@@ -67,6 +67,16 @@ class Trajectory:
     env_id: str | None = None
     segment_starts: list[int] = field(default_factory=lambda: [0])
 
+    @classmethod
+    def from_conversation(cls, conv, turn_rewards: list[float], success: bool, group_id: int, task_id: str,
+                          termination: Termination, **fields) -> "Trajectory":
+        """The trajectory of a rendered ``turnrl.agents.renderer.Conversation``: its token-level
+        fields (ids, masks, logprobs, turn spans, segments, messages) shared, not copied."""
+        return cls(token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
+                   turn_spans=conv.turn_spans, turn_rewards=turn_rewards, success=success, group_id=group_id,
+                   task_id=task_id, termination=termination, messages=conv.messages,
+                   segment_starts=conv.segment_starts, **fields)
+
     @property
     def reward(self) -> float:
         """Undiscounted return: the sum of per-turn rewards."""
