@@ -8,11 +8,14 @@ import pytest
 
 from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check
 from turnrl.envs.base import PARSE_ERROR_PREFIX
-from turnrl.tools import PARSERS, calculator, format_call, get_parser
+from turnrl.tools import PARSERS, ToolCall, calculator, format_call, get_parser
 from tests.helpers import env_ids_in_tiers
 
 TOOL_ENVS = ("turnrl/CalcMath-v0", "turnrl/RetrievalQA-v0", "turnrl/PythonCoding-v0")
-PAIRS = [(parser, written) for parser in sorted(PARSERS) for written in sorted(PARSERS) if written != parser]
+# Observations are printable ASCII (turnrl.envs.messages.CHARSET): a format whose markup is not
+# (deepseek_v3's fullwidth special tokens) cannot be shown in a prompt, so envs are not tested with it.
+ENV_PARSERS = sorted(p for p in PARSERS if format_call(ToolCall("a", {"x": 1}), p).isascii())
+PAIRS = [(parser, written) for parser in ENV_PARSERS for written in ENV_PARSERS if written != parser]
 
 
 def make(env_id, parser):
@@ -20,14 +23,14 @@ def make(env_id, parser):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parser", sorted(p for p in PARSERS if p != "hermes"))  # hermes: test_check.py
+@pytest.mark.parametrize("parser", [p for p in ENV_PARSERS if p != "hermes"])  # hermes: test_check.py
 @pytest.mark.parametrize("env_id", env_ids_in_tiers())
 def test_every_env_passes_every_check_with_every_parser(env_id, parser):
     report = check(env_id, seeds=5, env_kwargs={"tool_parser": parser})
     assert report.ok, report.format()
 
 
-@pytest.mark.parametrize("parser", sorted(PARSERS))
+@pytest.mark.parametrize("parser", ENV_PARSERS)
 @pytest.mark.parametrize("env_id", TOOL_ENVS)
 def test_the_prompt_shows_the_example_call_in_the_parsers_format(env_id, parser):
     env = make(env_id, parser)
@@ -45,14 +48,20 @@ def broken_json(text):
     return text.replace('"}', "}", 1)  # the last string argument loses its closing quote
 
 
-@pytest.mark.parametrize("damage", [cut_in_half, broken_json])
-@pytest.mark.parametrize("parser", sorted(PARSERS))
+def drop_last_char(text):
+    return text[:-1]  # the closing tag (or the JSON's last brace) is cut
+
+
+@pytest.mark.parametrize("damage", [cut_in_half, broken_json, drop_last_char])
+@pytest.mark.parametrize("parser", ENV_PARSERS)
 @pytest.mark.parametrize("env_id", TOOL_ENVS)
 def test_a_malformed_call_is_told_with_the_reason_and_a_well_formed_call(env_id, parser, damage):
     env = make(env_id, parser)
     env.reset(seed=0)
     well_formed = format_call(env.example_call(), parser)
     action = damage(well_formed)
+    if action == well_formed:
+        pytest.skip(f"the {parser} format writes string arguments raw: no JSON string to break")
     parse = get_parser(parser)(action)
     assert parse.status == "malformed"
     obs, reward, terminated, truncated, info = env.step(action)
@@ -81,10 +90,13 @@ def test_a_call_in_another_format_is_malformed_and_told(env_id, parser, written)
     above 0.5), never an "absent" turn judged as an answer."""
     env = make(env_id, parser)
     env.reset(seed=0)
-    obs, reward, terminated, truncated, info = env.step(format_call(env.example_call(), written))
+    action = format_call(env.example_call(), written)
+    obs, reward, terminated, truncated, info = env.step(action)
     assert (info["parse_status"], info["parse_error"], info["tool_calls"]) == ("malformed", True, 0)
-    assert obs[0]["content"].startswith(f"{PARSE_ERROR_PREFIX}the call is written in the {written} format, but this "
-                                        f"task reads calls in the {parser} format.\nWrite a call like this:\n")
+    own = get_parser(parser)(action)  # hermes reads the <tool_call> blocks of qwen3_coder and glm4 as bad JSON
+    reason = own.error if own.status == "malformed" else (
+        f"the call is written in the {written} format, but this task reads calls in the {parser} format")
+    assert obs[0]["content"].startswith(f"{PARSE_ERROR_PREFIX}{reason}.\nWrite a call like this:\n")
     assert obs[0]["content"].endswith(format_call(env.example_call(), parser))
     assert reward == 0.0 and not terminated
     env.close()

@@ -3,6 +3,7 @@
 import pytest
 
 from turnrl.tools import FORMATTERS, PARSERS, ParseResult, ToolCall, format_call, get_parser
+from turnrl.tools.family_parsers import WHOLE_TURN_FORMATS
 
 fenced = get_parser("json_fenced")
 xml = get_parser("xml")
@@ -132,8 +133,13 @@ def test_xml_malformed_keeps_content_before_the_broken_call():
 
 @pytest.mark.parametrize("name", sorted(PARSERS))
 def test_deep_nesting_is_malformed_not_an_exception(name):
-    call = format_call(ToolCall("a", {}), name).replace("{}", "[" * 100_000)
-    assert get_parser(name)(call).status == "malformed"
+    """Deep nesting where JSON (or a literal) is expected is malformed; formats that write values raw
+    (qwen3_coder, glm4: no ``{}`` for no arguments) read an undecodable value as text, never raise."""
+    call = format_call(ToolCall("a", {}), name)
+    if "{}" in call:
+        assert get_parser(name)(call.replace("{}", "[" * 100_000)).status == "malformed"
+    deep = format_call(ToolCall("a", {"x": [1]}), name).replace("[1]", "[" * 100_000)
+    assert get_parser(name)(deep).status in ("ok", "malformed")
 
 
 @pytest.mark.parametrize("name", sorted(PARSERS))
@@ -155,6 +161,8 @@ def test_format_then_parse_is_the_same_call(name, call):
 
 @pytest.mark.parametrize("name", sorted(FORMATTERS))
 def test_two_formatted_calls_with_prose_parse_to_both(name):
+    if name in WHOLE_TURN_FORMATS:
+        pytest.skip(f"a {name} call is the whole turn: one call, no text around it")
     text = f"First.\n{format_call(CALC, name)}\nThen.\n{format_call(TRICKY, name)}"
     assert get_parser(name)(text) == ParseResult("ok", (CALC, TRICKY), "First.\nThen.", None)
 

@@ -98,3 +98,58 @@ def resolve(name: str, template: str | None) -> ChatFormat:
 register_format(ChatFormat(
     name="chatml", markers=("<|im_start|>", "<|im_end|>"), tool_parser="hermes", end_of_turn=("<|im_end|>",),
     native_tools=False, notes="ChatML without a tools block (the tiny model's template when it has no tools)"))
+
+# The model families of turnrl.agents.families (their TRL templates); the facts below were read
+# off renders of each template (tests/agents/test_families.py and test_template_conformance.py
+# check them). A format's markers extend those of the family it refines, so detection (most
+# markers wins) picks the most specific one.
+_THINK = ("<think>", "</think>")
+_QWEN = ("<|im_start|>", "<|im_end|>", "<tool_call>", "<tools>")
+_QWEN3 = (*_QWEN, "</think>", "reasoning_content")
+_QWEN3_XML = (*_QWEN3, "<function=", "<parameter=")
+_LLAMA3 = ("<|start_header_id|>", "<|eot_id|>")
+_DEEPSEEK = ("<｜User｜>", "<｜Assistant｜>")
+_TRIMS = "ONE segment; the template trims message content, so a sampled turn with leading or trailing whitespace starts a new segment"
+for _fmt in (
+    ChatFormat("qwen2_5", _QWEN, "hermes", ("<|im_end|>",),
+               notes="ONE segment: history turns are written verbatim, so each render extends the last"),
+    ChatFormat("qwen3", _QWEN3, "hermes", ("<|im_end|>",), thinking=_THINK,
+               notes="SEGMENTS: a new user message drops the <think> blocks of the turns before it; tool results stay in one segment"),
+    ChatFormat("qwen3_5", _QWEN3_XML, "qwen3_coder", ("<|im_end|>",), thinking=_THINK,
+               notes="SEGMENTS: the prompt opens <think>; a new user message drops the <think> blocks of the turns before it; tool results stay in one segment"),
+    ChatFormat("qwen3_6", (*_QWEN3_XML, "preserve_thinking"), "qwen3_coder", ("<|im_end|>",), thinking=_THINK,
+               notes="SEGMENTS: a new user message drops the <think> blocks of the turns before it (unless preserve_thinking=True); tool results stay in one segment"),
+    ChatFormat("nemotron_3_nano", (*_QWEN3_XML, "truncate_history_thinking"), "qwen3_coder", ("<|im_end|>",),
+               thinking=_THINK,
+               notes="SEGMENTS: the prompt opens <think>; a new user message empties the <think> blocks of the turns before it (truncate_history_thinking); tool results stay in one segment"),
+    ChatFormat("llama3", _LLAMA3, "hermes", ("<|eot_id|>",), native_tools=False, notes=_TRIMS),
+    ChatFormat("llama3_2", (*_LLAMA3, "tools_in_user_message"), "llama3_json", ("<|eot_id|>",),
+               notes=_TRIMS + "; tool results are written as ipython turns"),
+    ChatFormat("llama3_1", (*_LLAMA3, "tools_in_user_message", "<|python_tag|>"), "llama3_json",
+               ("<|eot_id|>", "<|eom_id|>"), notes=_TRIMS + "; tool results are written as ipython turns"),
+    ChatFormat("gptoss", ("<|channel|>", "<|message|>", "<|call|>"), "harmony", ("<|end|>", "<|return|>", "<|call|>"),
+               history="structured", thinking=("<|channel|>analysis<|message|>", "<|end|>"),
+               notes="SEGMENTS at every observation: the template rewrites a call's header (to= before <|channel|>, no <|constrain|>), a final <|return|> as <|end|>, and drops earlier analysis"),
+    ChatFormat("deepseekv3", (*_DEEPSEEK, "is_first_sp"), "deepseek_v3", ("<｜end▁of▁sentence｜>",), native_tools=False,
+               thinking=_THINK,
+               notes="SEGMENTS at every observation: the prompt opens <think> and history turns keep only the text after </think>"),
+    ChatFormat("deepseek_r1_distill", _DEEPSEEK, "hermes", ("<｜end▁of▁sentence｜>",), native_tools=False,
+               thinking=_THINK,
+               notes="SEGMENTS at every observation: the prompt opens <think> and history turns keep only the text after </think>; no tool calls of its own"),
+    ChatFormat("gemma3", ("<start_of_turn>", "<end_of_turn>"), "hermes", ("<end_of_turn>",), native_tools=False,
+               tool_role="user", merge_roles=True,
+               notes=_TRIMS + "; no tool role, and roles must alternate"),
+    ChatFormat("gemma4", ("<|turn>", "<turn|>", "<|tool_call>"), "gemma4", ("<turn|>", "<|tool_response>"),
+               history="structured", thinking=("<|channel>", "<channel|>"),
+               notes="ONE segment for calls without text before them and no thoughts: tool results continue the model turn after <|tool_response>; a call turn's text is re-ordered after its results and thoughts before the last user message dropped (then SEGMENTS)"),
+    ChatFormat("phi3_5", ("<|user|>", "<|assistant|>", "<|end|>"), "hermes", ("<|end|>",), native_tools=False,
+               tool_role="user",
+               notes="ONE segment: history turns are written verbatim; the template silently drops tool messages, so results go as user turns"),
+    ChatFormat("glm4moe", ("[gMASK]", "<|observation|>", "<arg_key>"), "glm4", ("<|user|>", "<|observation|>", "<|endoftext|>"),
+               thinking=_THINK,
+               notes="SEGMENTS: a new user message empties the <think> blocks of the turns before it; tool results stay in one segment (the sampled stop token <|observation|> is the results' header)"),
+    ChatFormat("lfm2_2_5", ("<|im_start|>", "<|tool_call_start|>", "List of tools"), "pythonic", ("<|im_end|>",),
+               thinking=_THINK,
+               notes="SEGMENTS: a new user message drops the <think> blocks of the turns before it; tool results stay in one segment"),
+):
+    register_format(_fmt)

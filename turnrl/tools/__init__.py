@@ -13,6 +13,7 @@ from turnrl.tools.parsers import (
     register_formatter,
     register_parser,
 )
+from turnrl.tools import family_parsers  # noqa: F401  (registers the model families' formats)
 from turnrl.tools.tool import Tool, ToolMethod, bind_tools, tool, tool_map
 from turnrl.tools.prompt import example_call, tools_prompt
 
