@@ -31,7 +31,6 @@ from turnrl.http_json import DEFAULT_TOKEN_ENV, server_token
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # build-model's choices, as in turnrl.agents.tiny_hf (not imported here: it loads torch)
 MODEL_ARCHS = {"qwen2": "qwen2_5", "qwen3": "qwen3", "llama": "llama3_1", "gemma3": "gemma3"}
-MODEL_TEMPLATES = ("gemma3", "llama3_1", "llama3_2", "qwen2_5", "qwen3")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,8 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                     "end-of-turn ids) in --out: an ordinary Hugging Face checkpoint folder for agent.path=.",
     )
     model.add_argument("--arch", required=True, choices=tuple(MODEL_ARCHS), help="the architecture")
-    model.add_argument("--template", default=None, choices=MODEL_TEMPLATES,
-                       help="TRL chat template of the tokenizer (default: the architecture's own: "
+    model.add_argument("--template", default=None,
+                       help="model family / TRL chat template of the tokenizer, a name in "
+                            "turnrl.agents.families.FAMILIES (default: the architecture's own: "
                             + ", ".join(f"{a} {t}" for a, t in MODEL_ARCHS.items()) + ")")
     model.add_argument("--out", required=True, help="folder to write the checkpoint to (created)")
     model.add_argument("--env", default="turnrl/CalcMath-v0",
@@ -261,6 +261,7 @@ def _serve_until_signalled(server, command: str, args: argparse.Namespace, banne
 def _build_model(args: argparse.Namespace) -> int:
     import gymnasium
 
+    from turnrl.agents.families import family_of
     from turnrl.agents.scripted import corpus_texts
     from turnrl.agents.tiny_hf import build_checkpoint, template_tokenizer
 
@@ -271,11 +272,17 @@ def _build_model(args: argparse.Namespace) -> int:
         print(f"turnrl build-model: error: --hidden {args.hidden} must be divisible by --heads {args.heads}, and "
               f"--heads by --kv-heads {args.kv_heads}", file=sys.stderr)
         return EXIT_USAGE
+    template = args.template or MODEL_ARCHS[args.arch]
+    try:
+        family_of(template)
+    except KeyError as e:
+        print(f"turnrl build-model: error: --template: {e.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
     env = gymnasium.make(args.env, disable_env_checker=True)
     corpus = [text for player in ("expert", "weak")
               for text in corpus_texts(env, range(args.corpus_episodes), player=player)]
     env.close()
-    tokenizer = template_tokenizer(args.template or MODEL_ARCHS[args.arch], corpus, args.vocab_size)
+    tokenizer = template_tokenizer(template, corpus, args.vocab_size)
     out = build_checkpoint(args.arch, args.out, tokenizer, hidden=args.hidden, layers=args.layers, heads=args.heads,
                            kv_heads=args.kv_heads, seed=args.seed)
     meta = json.loads((out / "turnrl_tiny.json").read_text())

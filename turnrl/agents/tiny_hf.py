@@ -5,9 +5,9 @@ ordinary Hugging Face folders that ``agent.path=DIR`` (and vLLM) load like any r
 its transformers config, sized to ``tokenizer``'s vocabulary, and writes ``save_pretrained``
 of the model and the tokenizer plus a ``generation_config.json`` whose ``eos_token_id`` lists
 the family's end-of-turn id(s) (the tokenizer's ``eos_token``, the id a turn ends at, first).
-``template_tokenizer(template, corpus)`` builds the tokenizer: a byte-level BPE trained in code
-with the family's special tokens and its real chat template (TRL's
-``trl/chat_templates/<template>.jinja``). ``python -m turnrl build-model`` does both.
+``template_tokenizer(template, corpus)`` builds the tokenizer
+(``turnrl.agents.families.family_tokenizer``): a byte-level BPE trained in code with the
+family's special tokens and its real chat template (TRL's ``trl/chat_templates/<template>.jinja``). ``python -m turnrl build-model`` does both.
 
 The configs are tiny but real: every architecture-specific part is kept (Qwen3's q/k norms and
 explicit ``head_dim``, Gemma 3's scaled embeddings, sandwich norms, ``query_pre_attn_scalar``
@@ -18,103 +18,48 @@ attention kernels take (``turnrl.agents.vllm_policy.CPU_HEAD_SIZES``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-__all__ = ["ARCHS", "DEFAULT_TEMPLATES", "TEMPLATES", "build_checkpoint", "build_model", "load_template",
-           "template_tokenizer"]
+__all__ = ["ARCHS", "DEFAULT_TEMPLATES", "STOP_TOKENS", "build_checkpoint", "build_model", "template_tokenizer"]
 
 # architecture -> the TRL template its instruct checkpoints ship (build-model's --template default)
 DEFAULT_TEMPLATES = {"qwen2": "qwen2_5", "qwen3": "qwen3", "llama": "llama3_1", "gemma3": "gemma3"}
 ARCHS = tuple(DEFAULT_TEMPLATES)
 
 
-@dataclass(frozen=True)
-class _Tokens:
-    """A template's special tokens: ``eos`` ends an assistant turn (the tokenizer's
-    eos_token); ``stop`` are the further ids the family's generation_config stops at."""
-
-    special: tuple[str, ...]
-    eos: str
-    pad: str
-    bos: str | None = None
-    stop: tuple[str, ...] = ()
+# the further ids the real instruct checkpoints' generation_config stops at, after the
+# end-of-turn token (the tokenizer's eos): Qwen <|endoftext|>, Llama 3 <|eom_id|> and
+# <|end_of_text|>, Gemma 3 <eos>
+STOP_TOKENS = {"<|im_end|>": ("<|endoftext|>",), "<|eot_id|>": ("<|eom_id|>", "<|end_of_text|>"),
+               "<end_of_turn>": ("<eos>",)}
 
 
-_QWEN = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
-_QWEN3 = (*_QWEN, "<tool_response>", "</tool_response>", "<think>", "</think>")
-_LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-           "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>")
-_GEMMA3 = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
-_LLAMA_STOP = ("<|eom_id|>", "<|end_of_text|>")
+def template_tokenizer(template: str, corpus: Iterable[str], vocab_size: int = 3000):
+    """A byte-level BPE tokenizer trained on ``corpus`` with the special tokens of
+    ``template``'s family (each one id), its eos (the end-of-turn token), pad and bos, and
+    TRL's ``template`` chat template: ``turnrl.agents.families.family_tokenizer``.
 
-# The tokens of each template this builder knows (used until/unless turnrl.agents.families is
-# there; the generation_config stop ids are the real checkpoints': Qwen <|im_end|> and
-# <|endoftext|>, Llama 3 <|eot_id|>, <|eom_id|> and <|end_of_text|>, Gemma 3 <end_of_turn> and <eos>).
-TEMPLATES: dict[str, _Tokens] = {
-    "qwen2_5": _Tokens(_QWEN, eos="<|im_end|>", pad="<|endoftext|>", stop=("<|endoftext|>",)),
-    "qwen3": _Tokens(_QWEN3, eos="<|im_end|>", pad="<|endoftext|>", stop=("<|endoftext|>",)),
-    "llama3_1": _Tokens(_LLAMA3, eos="<|eot_id|>", pad="<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
-                        stop=_LLAMA_STOP),
-    "llama3_2": _Tokens(_LLAMA3, eos="<|eot_id|>", pad="<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
-                        stop=_LLAMA_STOP),
-    "gemma3": _Tokens(_GEMMA3, eos="<end_of_turn>", pad="<pad>", bos="<bos>", stop=("<eos>",)),
-}
-
-
-def load_template(name: str) -> str:
-    """The text of TRL's ``trl/chat_templates/<name>.jinja`` (found without importing TRL)."""
-    spec = importlib.util.find_spec("trl")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the real chat templates are read from the installed TRL package: pip install trl")
-    path = Path(next(iter(spec.submodule_search_locations))) / "chat_templates" / f"{name}.jinja"
-    if not path.is_file():
-        raise ValueError(f"TRL has no chat template {name!r} ({path} is missing)")
-    return path.read_text()
-
-
-def template_tokenizer(template: str, corpus: Iterable[str], vocab_size: int = 3000, max_number: int = 999):
-    """A byte-level BPE tokenizer trained on ``corpus`` (``turnrl.agents.build_tokenizer``) with
-    the special tokens of ``template``'s family (each one id), its eos (the end-of-turn token),
-    pad and bos, and TRL's ``template`` chat template.
-
-    Uses ``turnrl.agents.families.family_tokenizer`` when that module is there.
+    Args:
+        template: a family of ``turnrl.agents.families.FAMILIES`` or the TRL template stem
+            one uses (``qwen2_5``, ``qwen3``, ``llama3_1``, ``llama3_2``, ``gemma3``, ...).
+        corpus: texts the model will read and write (an env's scripted episodes).
+        vocab_size: upper bound on the vocabulary.
     """
-    try:
-        from turnrl.agents.families import family_tokenizer
-    except ImportError:
-        family_tokenizer = None
-    if family_tokenizer is not None:
-        return family_tokenizer(template, list(corpus))
-    if template not in TEMPLATES:
-        raise ValueError(f"unknown template {template!r}; known: {sorted(TEMPLATES)}")
-    from turnrl.agents.tokenizer import build_tokenizer
+    from turnrl.agents.families import family_tokenizer
 
-    tokens = TEMPLATES[template]
-    tokenizer = build_tokenizer(corpus, vocab_size, max_number)
-    extra = [t for t in tokens.special if t not in tokenizer.get_vocab()]
-    tokenizer.add_special_tokens({"additional_special_tokens": extra}, replace_extra_special_tokens=False)
-    tokenizer.eos_token, tokenizer.pad_token = tokens.eos, tokens.pad
-    tokenizer.bos_token = tokens.bos
-    tokenizer.chat_template = load_template(template)
-    tokenizer.padding_side = "left"
-    return tokenizer
+    return family_tokenizer(template, list(corpus), vocab_size)
 
 
 def _stop_ids(tokenizer) -> list[int]:
     """The end-of-turn id first, then the family's other stop ids the vocabulary has."""
-    ids = [tokenizer.eos_token_id]
     vocab = tokenizer.get_vocab()
-    for tokens in TEMPLATES.values():
-        if tokens.eos == tokenizer.eos_token:
-            ids += [vocab[t] for t in tokens.stop if t in vocab and vocab[t] not in ids]
-            break
+    ids = [tokenizer.eos_token_id]
+    ids += [vocab[t] for t in STOP_TOKENS.get(tokenizer.eos_token, ()) if t in vocab and vocab[t] not in ids]
     return ids
 
 
