@@ -11,11 +11,12 @@ from pathlib import Path
 import gymnasium
 
 import turnrl.envs  # noqa: F401  (registers the turnrl/... ids)
+from turnrl.agents.chat_format import ChatFormat, detect, get_format
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import build_tiny_model, load_pretrained
 from turnrl.agents.protocol import RolloutPolicy
 from turnrl.agents.scripted import corpus_texts
-from turnrl.agents.tokenizer import build_tokenizer
+from turnrl.agents.tokenizer import CHAT_TEMPLATE, build_tokenizer
 from turnrl.agents.weights import unwrap_model
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.conf.schema import Config
@@ -38,6 +39,7 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
     """
     env_cfg = cfg.env
     kwargs = dict(env_cfg.kwargs)
+    parser = agent_tool_parser(cfg)
     if env_cfg.url and env_cfg._target_:
         raise ValueError(f"env.url={env_cfg.url!r} and env._target_={env_cfg._target_!r} are both set; "
                          "set one: url for a served env, _target_ for a local env class")
@@ -53,7 +55,7 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
                              f"env.url=http://127.0.0.1:8000; got {env_cfg.url!r}")
 
         url, env_id, token_env = env_cfg.url, env_cfg.id, env_cfg.token_env
-        kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+        kwargs.setdefault("tool_parser", parser)
 
         def make() -> gymnasium.Env:
             return RemoteEnv(url, env_id, token_env=token_env, **kwargs)
@@ -61,7 +63,7 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
         cls = _env_class(env_cfg._target_)
         params = inspect.signature(cls).parameters.values()
         if any(p.name == "tool_parser" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+            kwargs.setdefault("tool_parser", parser)
 
         def make() -> gymnasium.Env:
             return cls(**kwargs)
@@ -70,7 +72,7 @@ def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
         if env_id not in gymnasium.registry:
             known = sorted(k for k in gymnasium.registry if k.startswith("turnrl/"))
             raise ValueError(f"env.id={env_id!r} is not registered; registered turnrl envs: {known}")
-        kwargs.setdefault("tool_parser", cfg.agent.tool_parser)
+        kwargs.setdefault("tool_parser", parser)
 
         def make() -> gymnasium.Env:
             return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
@@ -97,6 +99,23 @@ def _env_class(path: str) -> type[gymnasium.Env]:
     if not (isinstance(cls, type) and issubclass(cls, gymnasium.Env)):
         raise ValueError(f"env._target_={path!r} is {cls!r}, not a gymnasium.Env subclass; point it at an env class")
     return cls
+
+
+def agent_chat_format(cfg: Config) -> ChatFormat:
+    """The chat format of the run's model (``agent.chat_format``; ``auto``: detected from the chat
+    template of ``agent.path``'s tokenizer, or of the tiny model's)."""
+    if cfg.agent.chat_format != "auto":
+        return get_format(cfg.agent.chat_format)
+    if cfg.agent.path:
+        from transformers import AutoTokenizer
+
+        return detect(AutoTokenizer.from_pretrained(cfg.agent.path).chat_template)
+    return detect(CHAT_TEMPLATE)
+
+
+def agent_tool_parser(cfg: Config) -> str:
+    """The tool-call format the envs read: ``agent.tool_parser``, or (``auto``) the chat format's."""
+    return agent_chat_format(cfg).tool_parser if cfg.agent.tool_parser == "auto" else cfg.agent.tool_parser
 
 
 def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):

@@ -66,8 +66,7 @@ class Recorder:
         cfg, procs = run.cfg, run.procs
         self.result = TrainResult(run_dir=run.run_dir, model=run.model, tokenizer=run.tokenizer)
         self.warned: set[str] = set()
-        self.eval_collector = RolloutCollector(run.env_fn, source.eval_policy, run.renderer,
-                                              cfg.agent.max_context_tokens, cfg.trainer.env_workers)
+        self.eval_collector = RolloutCollector.for_run(cfg, run.env_fn, source.eval_policy, run.renderer)
         self.eval_tasks = shard_list(heldout_tasks(cfg.trainer.eval_episodes), procs.world, procs.rank)
         self.bar = None
 
@@ -167,7 +166,8 @@ def warn_once(metrics: dict, cfg, warned: set[str]) -> None:
         "turn_length_cut_rate": f"over half the turns hit agent.max_new_tokens={cfg.agent.max_new_tokens} "
                                 "before the end-of-turn token; raise it if replies are cut",
         "tool_parse_error_rate": f"over half the turns hold a malformed tool call (parser "
-                                 f"{cfg.agent.tool_parser!r}); check the call format the model writes",
+                                 f"{cfg.agent.tool_parser!r}, chat format {cfg.agent.chat_format!r}); check the call "
+                                 "format the model writes",
     }
     for key, message in checks.items():
         if metrics.get(key, 0.0) > 0.5 and key not in warned:

@@ -125,7 +125,8 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
             logger.log(step, row, prefix=kind, jsonl=False)
     log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
     policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + procs.rank)
-    return Run(cfg, run_dir, procs, env_fn, model, tokenizer, ChatRenderer(tokenizer), policy, logger, resumed)
+    return Run(cfg, run_dir, procs, env_fn, model, tokenizer, ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs),
+               policy, logger, resumed)
 
 
 def checkpoint_to_resume(cfg: Config, run_dir: Path) -> Checkpoint | None:

@@ -63,8 +63,7 @@ def pre_rl_stages(run: Run) -> PreRL:
             stages.reward_model.eval().requires_grad_(False)
         stages.train_env_fn = partial(_rm_env, run.env_fn, stages.reward_model, run.renderer)
     if cfg.dpo.steps > 0 and resumed is None:
-        collector = RolloutCollector(stages.train_env_fn, run.policy, run.renderer, cfg.agent.max_context_tokens,
-                                     cfg.trainer.env_workers)
+        collector = RolloutCollector.for_run(cfg, stages.train_env_fn, run.policy, run.renderer)
         for i, metrics in enumerate(dpo_stage(cfg, run.model, run.renderer, collector), start=1):
             run.logger.log(i, metrics, prefix="dpo")
     return stages

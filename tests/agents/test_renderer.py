@@ -1,10 +1,11 @@
-"""ChatRenderer: ids stay exact; templates that rewrite rendered text are refused."""
+"""ChatRenderer: ids stay exact; templates that rewrite rendered text go on in new segments."""
 
 import copy
 
 import pytest
 
 from turnrl.agents import ChatRenderer, TemplateMismatchError
+from turnrl.agents.chat_format import ChatFormat
 from turnrl.agents.tokenizer import CHAT_TEMPLATE
 
 OPENING = [{"role": "system", "content": "You are playing a guessing game."},
@@ -48,14 +49,67 @@ def test_renderer_keeps_ids_exact_over_turns(tokenizer, renderer):
 
 
 @pytest.mark.parametrize("template", [STRIPPING, WINDOWED], ids=["strips_content", "drops_old_messages"])
-def test_template_that_does_not_extend_its_prefix_raises_template_mismatch(tokenizer, template):
+def test_template_that_does_not_extend_its_prefix_raises_template_mismatch_when_asked(tokenizer, template):
     tok = with_template(tokenizer, template)
-    renderer = ChatRenderer(tok)
+    renderer = ChatRenderer(tok, on_rewrite="error")
     conv = renderer.start(OPENING)
     ids = encode(tok, " 16 ") + [tok.eos_token_id]
     renderer.add_sampled(conv, ids, [0.0] * len(ids))
     with pytest.raises(TemplateMismatchError, match="does not extend"):
         renderer.add_observation(conv, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
+
+
+@pytest.mark.parametrize(("template", "segments"), [(STRIPPING, 2), (WINDOWED, 3)],
+                         ids=["strips_content", "drops_old_messages"])
+def test_template_that_rewrites_history_goes_on_in_a_new_segment(tokenizer, template, segments):
+    """Stripping rewrites " 16 " (a new segment) but not "8"; the window drops a message at each
+    turn. Closing the episode never starts a segment (no turn follows)."""
+    tok = with_template(tokenizer, template)
+    renderer = ChatRenderer(tok)
+    conv = renderer.start(OPENING)
+    turns = [encode(tok, " 16 ") + [tok.eos_token_id], encode(tok, "8") + [tok.eos_token_id],
+             encode(tok, " 12\t") + [tok.eos_token_id]]
+    spans = []
+    for k, ids in enumerate(turns):
+        prompt = list(conv.prompt_ids)
+        assert tok.decode(prompt, skip_special_tokens=False) == tok.apply_chat_template(
+            conv.messages, tokenize=False, add_generation_prompt=True)  # the sampler sees the template's render
+        start = len(conv.token_ids)
+        renderer.add_sampled(conv, ids, [-0.25] * len(ids))
+        spans.append((start, start + len(ids)))
+        assert conv.token_ids[conv.segment_starts[-1]:start] == prompt
+        renderer.add_observation(conv, [{"role": "user", "content": "higher"}] if k < 2 else [],
+                                 add_generation_prompt=k < 2)
+    assert len(conv.segment_starts) == segments and conv.segment_starts[0] == 0  # a new one at each rewrite
+    assert conv.turn_spans == spans and all(conv.token_ids[s:e] == ids for (s, e), ids in zip(spans, turns))
+    sampled = {i for s, e in spans for i in range(s, e)}
+    assert conv.loss_mask == [int(i in sampled) for i in range(len(conv.token_ids))]
+    # each segment decodes to the template's render of the conversation when it was made
+    bounds = [*conv.segment_starts, len(conv.token_ids)]
+    last = tok.decode(conv.token_ids[bounds[-2]:], skip_special_tokens=False)
+    assert last.startswith(tok.apply_chat_template(conv.messages[:-1], tokenize=False, add_generation_prompt=True))
+
+
+def test_prefix_preserving_template_keeps_one_segment(tokenizer, renderer):
+    conv = renderer.start(OPENING)
+    for k in range(3):
+        ids = encode(tokenizer, f" {k}") + [tokenizer.eos_token_id]
+        renderer.add_sampled(conv, ids, [0.0] * len(ids))
+        renderer.add_observation(conv, [{"role": "user", "content": "no"}], add_generation_prompt=True)
+    assert conv.segment_starts == [0] and conv.prompt_ids == conv.token_ids
+
+
+def test_tools_reach_a_template_that_renders_them_and_are_described_for_one_that_does_not(tokenizer):
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "expression": {"type": "string"}}, "required": ["expression"]}}}]
+    native = with_template(tokenizer, "{%- if tools %}TOOLS{{ tools | tojson }}\n{%- endif %}" + CHAT_TEMPLATE)
+    conv = ChatRenderer(native, chat_format=ChatFormat(
+        name="t", markers=(), tool_parser="hermes", end_of_turn=("<|im_end|>",))).start(OPENING, tools=tools)
+    assert conv.text.startswith("TOOLS[") and '"calculator"' in conv.text
+    described = ChatRenderer(tokenizer, chat_format="chatml").start(OPENING, tools=tools)
+    system = described.text.split("<|im_end|>")[0]
+    assert 'Tool: {"type": "function"' in system and '<tool_call>\n{"name": "calculator"' in system
 
 
 def test_renderer_requires_a_chat_template(tokenizer):

@@ -54,6 +54,8 @@ CHOICES = [  # (key, a bad value, one allowed value the message must list)
     ("agent.tool_parser", "yaml", "hermes"),
     ("agent.temperature_schedule", "exponential", "cosine"),
     ("agent.warmstart.player", "random", "expert"),
+    ("agent.chat_format", "chatml3", "chatml"),
+    ("agent.on_context_limit", "truncate", "compact"),
     ("algorithm.advantage", "a2c", "grpo"),
     ("algorithm.kl_estimator", "k4", "k3"),
     ("algorithm.kl_placement", "advantage", "reward"),

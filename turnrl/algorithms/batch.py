@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from turnrl.algorithms.anchors import anchor_index
+from turnrl.algorithms.segments import segment_index
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -30,6 +31,9 @@ class TrainBatch:
             group); -1 for turns without a state key and padded turns.
         values: ``[N, T]`` float, the critic's value of the state before each sampled token
             (0 elsewhere), set by the trainer for critic-based estimators; None otherwise.
+        segment_index: ``[N, T]`` long, the segment of each token (``Trajectory.segment_starts``;
+            0 throughout for one segment, and on padding): the model scores each segment as its
+            own sequence (``turnrl.algorithms.segments``).
     """
 
     input_ids: torch.Tensor
@@ -43,6 +47,7 @@ class TrainBatch:
     num_turns: torch.Tensor
     state_index: torch.Tensor
     values: torch.Tensor | None = None
+    segment_index: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -96,4 +101,6 @@ def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float
         turn_rewards=turn_rewards,
         num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),
         state_index=anchor_index(trajectories, k_max, state_similarity),
+        segment_index=segment_index([t.segment_starts for t in trajectories], [len(t.token_ids) for t in trajectories],
+                                    width),
     )

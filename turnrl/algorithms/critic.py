@@ -10,6 +10,7 @@ import torch
 
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig, OptimConfig
+from turnrl.algorithms.segments import forward_segments
 
 # algorithm.critic: a separate critic model (CriticLearner), or a value head on the policy's
 # backbone (shared, trained by the Learner)
@@ -49,11 +50,16 @@ class Critic(torch.nn.Module):
             raise TypeError(f"{type(policy).__name__} has no separate decoder to copy for a critic")
         return cls(copy.deepcopy(decoder), policy.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor) -> torch.Tensor:
-        """``[N, T]`` values on the ``score_mask`` positions (column 0 excluded), 0 elsewhere."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor,
+                segments: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N, T]`` values on the ``score_mask`` positions (column 0 and segment starts excluded),
+        0 elsewhere; ``segments`` as in ``turnrl.algorithms.segments.forward_segments``."""
+        hidden = forward_segments(lambda ids, mask: self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                  input_ids, attention_mask, segments)
         target = score_mask.bool().clone()
         target[:, 0] = False
+        if segments is not None:
+            target[:, 1:] &= segments[:, 1:] == segments[:, :-1]
         rows, cols = target.nonzero(as_tuple=True)
         picked = self.head(hidden[rows, cols - 1]).squeeze(-1).float()
         return torch.zeros(score_mask.shape, dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
@@ -85,7 +91,7 @@ class CriticLearner:
         out = torch.zeros_like(batch.loss_mask)
         for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
             mb = batch.rows(micro).to(device)
-            out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask).to(out.device) * batch.loss_mask[micro]
+            out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask, mb.segment_index).to(out.device) * batch.loss_mask[micro]
         return out
 
     def update(self, batch: TrainBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
@@ -101,7 +107,7 @@ class CriticLearner:
             for micro in torch.arange(len(batch), device=device).split(optim_cfg.micro_batch_size):
                 mb = batch.rows(micro)
                 mask = mb.loss_mask
-                v = self.critic(mb.input_ids, mb.attention_mask, mask)
+                v = self.critic(mb.input_ids, mb.attention_mask, mask, mb.segment_index)
                 r, v_old = returns[micro], old_values[micro]
                 err = (v - r) ** 2
                 if loss_cfg.value_clip is not None:

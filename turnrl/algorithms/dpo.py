@@ -135,7 +135,8 @@ def sequence_logprobs(model, trajectories: Sequence[Trajectory], pad_id: int) ->
     """``[N]`` sums of the sampled tokens' logprobs of each trajectory under ``model``."""
     device = next(model.parameters()).device
     batch = collate(list(trajectories), pad_id).to(device)
-    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+                           segments=batch.segment_index)
     return (lp * batch.loss_mask).sum(dim=1)
 
 

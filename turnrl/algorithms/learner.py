@@ -51,7 +51,7 @@ class PolicyForward(torch.nn.Module):
     """The training forward as one module (what DDP wraps): the policy's logprobs and
     entropies of the scored tokens and, with a shared value head, their values.
 
-    ``forward(input_ids, attention_mask, score_mask, temperature, with_entropy)`` returns
+    ``forward(input_ids, attention_mask, score_mask, temperature, with_entropy, segments)`` returns
     ``(logprobs [N, T], entropy [N, T] or None, values [N, T] or None)``, 0 off ``score_mask``.
     """
 
@@ -60,9 +60,10 @@ class PolicyForward(torch.nn.Module):
         self.model = model
         self.value_head = value_head
 
-    def forward(self, input_ids, attention_mask, score_mask, temperature: float = 1.0, with_entropy: bool = True):
+    def forward(self, input_ids, attention_mask, score_mask, temperature: float = 1.0, with_entropy: bool = True,
+                segments=None):
         scored = token_logprobs(self.model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
-                                score_mask=score_mask, return_hidden=self.value_head is not None)
+                                score_mask=score_mask, return_hidden=self.value_head is not None, segments=segments)
         values = None
         if self.value_head is not None:
             hidden, rows, cols = scored[2]
@@ -264,7 +265,8 @@ class Learner:
         for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
             mb = batch.rows(micro).to(device)
             with self._autocast(device):
-                _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False)
+                _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False,
+                                              segments=mb.segment_index)
             out[micro] = v.to(out.device)
         return out
 
@@ -281,7 +283,7 @@ class Learner:
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):
                 lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature,
-                                       score_mask=mb.loss_mask)
+                                       score_mask=mb.loss_mask, segments=mb.segment_index)
             out[micro] = lp * mb.loss_mask
         return out
 
@@ -308,7 +310,8 @@ class Learner:
         cfg = self.loss_cfg
         mask = mb.loss_mask
         with self._autocast(mask.device):
-            logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, coefs.temperature)
+            logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, coefs.temperature,
+                                                      segments=mb.segment_index)
         if measure is not None and record:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = ppo_clip_loss(
@@ -323,8 +326,8 @@ class Learner:
         if self.ref_model is not None and cfg.kl_placement == "loss":
             with torch.no_grad(), self._autocast(mask.device):
                 ref_logprobs, _ = token_logprobs(
-                    self.ref_model, mb.input_ids, mb.attention_mask, coefs.temperature, score_mask=mask
-                )
+                    self.ref_model, mb.input_ids, mb.attention_mask, coefs.temperature, score_mask=mask,
+                    segments=mb.segment_index)
             kl = self.kl_fn(logprobs, ref_logprobs)
             kl_sum = float((kl.detach() * mask).sum())
             loss = loss + coefs.kl_coef * (kl * weights).sum()

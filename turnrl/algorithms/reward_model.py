@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from turnrl.algorithms.batch import collate
 from turnrl.algorithms.dpo import PreferencePair
+from turnrl.algorithms.segments import forward_segments
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -43,9 +44,12 @@ class RewardModel(torch.nn.Module):
         """A reward model on a copy of the policy's decoder (its own weights)."""
         return cls(copy.deepcopy(policy.get_decoder()), policy.config.hidden_size, pad_id)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[N]`` rewards of right-padded sequences."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                segments: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N]`` rewards of right-padded sequences, read at each row's last token (for a
+        segmented row, in its last segment: the latest full render of the conversation)."""
+        hidden = forward_segments(lambda ids, mask: self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                  input_ids, attention_mask, segments)
         last = attention_mask.sum(dim=1).clamp(min=1) - 1
         return self.head(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
@@ -54,7 +58,7 @@ class RewardModel(torch.nn.Module):
         device = next(self.parameters()).device
         batch = collate(list(trajectories), self.pad_id).to(device)
         with torch.no_grad():
-            return self(batch.input_ids, batch.attention_mask)
+            return self(batch.input_ids, batch.attention_mask, batch.segment_index)
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -119,7 +123,7 @@ class RewardModelTrainer:
         device = next(self.model.parameters()).device
         batch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], self.model.pad_id).to(device)
         self.model.train()
-        rewards = self.model(batch.input_ids, batch.attention_mask)
+        rewards = self.model(batch.input_ids, batch.attention_mask, batch.segment_index)
         chosen, rejected = rewards[: len(pairs)], rewards[len(pairs):]
         loss = bradley_terry_loss(chosen, rejected)
         loss.backward()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from turnrl.algorithms.segments import forward_segments
+
 
 def _hidden_and_head(model):
     """The decoder stack and LM head of a standard HF causal LM, or None when the model
@@ -30,6 +32,7 @@ def token_logprobs(
     with_entropy: bool = False,
     score_mask: torch.Tensor | None = None,
     return_hidden: bool = False,
+    segments: torch.Tensor | None = None,
 ):
     """Logprob of every token given the tokens before it.
 
@@ -44,6 +47,8 @@ def token_logprobs(
             LM head and softmax run on those positions alone: in multi-turn episodes most
             tokens are observations), and every other entry of the outputs is 0.
 
+        segments: ``[N, T]`` segment of each token (``TrainBatch.segment_index``): each segment
+            is scored as its own sequence (``turnrl.algorithms.segments``); None: one per row.
         return_hidden: also return ``(hidden [M, H], rows [M], cols [M])``: the decoder's
             hidden state that predicts each scored token (position ``col - 1``), with
             gradient, for a value head sharing the policy's forward. Needs ``score_mask``
@@ -56,12 +61,18 @@ def token_logprobs(
         before the softmax), or float64 for a float64 model.
     """
     n, t = input_ids.shape
+    if segments is not None and score_mask is not None:  # a segment's first token has no context in it
+        starts = torch.zeros_like(segments, dtype=torch.bool)
+        starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+        score_mask = score_mask * ~starts
     parts = _hidden_and_head(model) if score_mask is not None else None
     if return_hidden and parts is None:
         raise ValueError("return_hidden needs score_mask and a model with a separate decoder and LM head "
                          "(a shared value head reads the decoder's hidden states)")
     if parts is None:
-        logits = _at_least_float32(model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1])
+        logits = forward_segments(lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits,
+                                  input_ids, attention_mask, segments)
+        logits = _at_least_float32(logits[:, :-1])
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
         logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         zero = torch.zeros_like(logp[:, :1])
@@ -75,7 +86,8 @@ def token_logprobs(
         return out, entropy
 
     decoder, head = parts
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = forward_segments(lambda ids, mask: decoder(input_ids=ids, attention_mask=mask).last_hidden_state,
+                              input_ids, attention_mask, segments)
     target = score_mask.clone().bool()
     target[:, 0] = False  # the first token has no context
     rows, cols = target.nonzero(as_tuple=True)

@@ -127,8 +127,14 @@ class AgentConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     # supervised warm start on the env's scripted player
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
-    # tool-call format the model writes (a name in turnrl.tools parsers), passed to the env
-    tool_parser: str = "hermes"
+    # the model family's chat conventions (a name in turnrl.agents.chat_format.FORMATS: tool-call
+    # format, end-of-turn tokens, tool-result role); auto: detected from the chat template
+    chat_format: str = "auto"
+    # extra chat-template variables, e.g. {enable_thinking: false} or {preserve_thinking: true}
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # tool-call format the model writes (a name in turnrl.tools parsers), passed to the env;
+    # auto: the chat format's
+    tool_parser: str = "auto"
     # most tokens in one assistant turn
     max_new_tokens: int = 24
     # sampling temperature during training rollouts (evaluation is greedy), at the first step
@@ -138,8 +144,17 @@ class AgentConfig:
     temperature_schedule: str = "constant"
     # temperature at the last step (linear / cosine schedules)
     temperature_end: float = 1.0
-    # an episode longer than this many tokens ends with termination "context_length"
+    # most tokens the sampler sees (a segment's prompt plus the next turn): over it, the episode
+    # ends (termination "context_length") or is compacted into a new segment (on_context_limit)
     max_context_tokens: int = 1024
+    # what an episode does when its next turn would not fit max_context_tokens: end or compact
+    # (the env's compact(messages), default: drop the oldest turn; the episode goes on in a new segment)
+    on_context_limit: str = "end"
+    # an observation (one step's env messages) over this many tokens ends the episode
+    # (termination "observation_length"); null: bounded by max_context_tokens only
+    max_observation_tokens: Optional[int] = None
+    # an episode over this many tokens in all its segments ends (termination "episode_length"); null: no bound
+    max_episode_tokens: Optional[int] = None
 
 
 @dataclass

@@ -47,6 +47,8 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
     from turnrl.algorithms.learner import MIXED_PRECISION
     from turnrl.algorithms.schedules import SCHEDULES
     from turnrl.build import BACKENDS
+    from turnrl.agents.chat_format import FORMATS
+    from turnrl.rollout.compaction import ON_CONTEXT_LIMIT
     from turnrl.tools.parsers import PARSERS
 
     agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
@@ -55,7 +57,9 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
         ("agent.dtype", agent.dtype, DTYPES),
         ("agent.vllm.dtype", agent.vllm.dtype, ENGINE_DTYPES),
         ("agent.http.route_strategy", agent.http.route_strategy, STRATEGIES),
-        ("agent.tool_parser", agent.tool_parser, PARSERS.names()),
+        ("agent.tool_parser", agent.tool_parser, ["auto", *PARSERS.names()]),
+        ("agent.chat_format", agent.chat_format, ["auto", *FORMATS.names()]),
+        ("agent.on_context_limit", agent.on_context_limit, ON_CONTEXT_LIMIT),
         ("agent.temperature_schedule", agent.temperature_schedule, SCHEDULES.names()),
         ("agent.warmstart.player", agent.warmstart.player, PLAYERS),
         ("algorithm.advantage", algo.advantage, ADVANTAGES.names()),
@@ -90,6 +94,8 @@ def problems(cfg: Config) -> list[str]:
         ("algorithm.ppo_epochs", algo.ppo_epochs, 1), ("algorithm.num_minibatches", algo.num_minibatches, 1),
         ("algorithm.critic_epochs", algo.critic_epochs, 1), ("trainer.micro_batch_size", trainer.micro_batch_size, 1),
         ("trainer.lora_rank", trainer.lora_rank, 0), ("algorithm.kl_coef", algo.kl_coef, 0),
+        *((key, value, 1) for key, value in (("agent.max_observation_tokens", agent.max_observation_tokens),
+                                             ("agent.max_episode_tokens", agent.max_episode_tokens)) if value is not None),
     ]
     for key, value, low in at_least:
         if value < low:

@@ -17,7 +17,7 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """``episodes`` (the count) and means over the batch: reward, success, turns, tokens, tool and
-    truncation rates; with a learned reward model also ``verifier_reward`` and
+    truncation rates, ``segments`` per episode (more than 1 where the chat template rewrote history); with a learned reward model also ``verifier_reward`` and
     ``proxy_verifier_gap`` (proxy - verifier); for a mixture env ``success@<env>``,
     ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
     n = max(len(trajectories), 1)
@@ -39,6 +39,8 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "turn_length_cut_rate": sum(t.length_truncated_turns for t in trajectories) / max(turns, 1),
         "env_error_rate": sum(t.termination == "env_error" for t in trajectories) / n,
         "context_limit_rate": sum(t.termination == "context_length" for t in trajectories) / n,
+        "length_limit_rate": sum(t.termination in ("observation_length", "episode_length") for t in trajectories) / n,
+        "segments": sum(t.num_segments for t in trajectories) / n,
         "unique_ngram_rate": unique_ngram_rate(sampled),
     }
     verified = [t for t in trajectories if t.verifier_reward is not None]

@@ -199,8 +199,7 @@ def rollout_source(run, stages: PreRL, sampling_at: Callable[[int], SamplingPara
         sampler.set_rng_state(rng)
         if run.resumed is None:  # (a resumed run's log already holds it)
             run.logger.log(0, check, prefix="engine_check")
-    collector = RolloutCollector(stages.train_env_fn, sampler, run.renderer, cfg.agent.max_context_tokens,
-                                 tcfg.env_workers)
+    collector = RolloutCollector.for_run(cfg, stages.train_env_fn, sampler, run.renderer)
     args = (collector, TaskStream(cfg.seed, tcfg.tasks_per_step), tcfg.group_size, sampling_at, procs.rank,
             procs.world)
     if not tcfg.async_rollouts:

@@ -6,18 +6,24 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
-Termination = Literal["terminated", "truncated", "env_error", "context_length"]
+Termination = Literal["terminated", "truncated", "env_error", "context_length", "observation_length",
+                      "episode_length"]
 
 
 @dataclass
 class Trajectory:
-    """One multi-turn episode, token-exact.
+    """One multi-turn episode, token-exact, in one or more segments.
 
-    ``T`` is the number of tokens, ``K`` the number of assistant turns.
+    ``T`` is the number of tokens, ``K`` the number of assistant turns, ``S`` of segments. A
+    segment is one sequence the sampler saw: it starts with a full render of the conversation
+    and goes on with sampled and template ids. A template that preserves its prefix keeps one
+    segment; one that rewrites history (or an env's compaction) starts a new one, and the
+    learner scores each segment as its own sequence (``turnrl.algorithms.segments``).
 
     Attributes:
         token_ids: ``[T]`` the prompt, every sampled id exactly as sampled, and the template /
-            observation ids in between (sampled text is never re-tokenized).
+            observation ids in between (sampled text is never re-tokenized); the segments'
+            ids concatenated.
         loss_mask: ``[T]`` 1 exactly on sampled ids.
         logprobs: ``[T]`` the sampler's logprob of each sampled id; 0.0 where loss_mask is 0.
         turn_spans: ``[K]`` half-open ``(start, end)`` token span of each turn's sampled ids.
@@ -26,7 +32,9 @@ class Trajectory:
         group_id: index of the task within the batch; the G samples of a task share it.
         task_id: the env's stable id of the task (same seed and split, same id).
         termination: why the episode ended: env ``terminated``, ``truncated`` (turn limit),
-            ``env_error`` (the env or a tool raised; see ``error``), or ``context_length``.
+            ``env_error`` (the env or a tool raised; see ``error``), ``context_length`` (the next
+            turn would not fit ``max_context_tokens``), ``observation_length`` (one observation
+            over ``max_observation_tokens``) or ``episode_length`` (over ``max_episode_tokens``).
         messages: the conversation as chat messages (decode(token_ids) renders them).
         state_keys: ``[K]`` the env's ``state_key`` at the start of each turn.
         tool_calls / tool_errors / parse_errors: counts over the episode (from env info).
@@ -36,6 +44,7 @@ class Trajectory:
             model (``info["verifier_reward"]`` of the last step); None otherwise.
         env_id: the sub-env of a mixture that played the episode (``info["env_id"]`` at
             reset); None for a single env.
+        segment_starts: ``[S]`` index in ``token_ids`` where each segment begins (``[0]``).
     """
 
     token_ids: list[int]
@@ -56,6 +65,7 @@ class Trajectory:
     error: str | None = None
     verifier_reward: float | None = None
     env_id: str | None = None
+    segment_starts: list[int] = field(default_factory=lambda: [0])
 
     @property
     def reward(self) -> float:
@@ -65,6 +75,10 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turn_spans)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segment_starts)
 
     @property
     def num_generated_tokens(self) -> int:
@@ -79,3 +93,6 @@ class Trajectory:
             )
         if len(self.turn_rewards) != len(self.turn_spans):
             raise ValueError(f"{len(self.turn_spans)} turn spans but {len(self.turn_rewards)} turn rewards")
+        if not self.segment_starts or self.segment_starts[0] != 0 or any(
+                b <= a for a, b in zip(self.segment_starts, self.segment_starts[1:])) or self.segment_starts[-1] > max(n - 1, 0):
+            raise ValueError(f"segment_starts must start at 0 and increase within the {n} tokens, got {self.segment_starts}")

@@ -18,18 +18,27 @@ PLACEHOLDERS = {"string": "...", "integer": 1, "number": 1.5, "boolean": True, "
 """The value an example call gives a required argument of each JSON type."""
 
 
-def example_call(t: Tool) -> ToolCall:
-    """A call of ``t`` with a placeholder for each required argument (an enum's first value, else
-    ``PLACEHOLDERS`` of its type): a demonstration of the call format, not a meaningful call."""
-    properties = t.parameters.get("properties", {})
+def example_call(t: Tool | dict) -> ToolCall:
+    """A call of ``t`` (a tool or its JSON schema) with a placeholder for each required argument
+    (an enum's first value, else ``PLACEHOLDERS`` of its type): a demonstration of the call
+    format, not a meaningful call."""
+    name, parameters = _name_and_parameters(t)
+    properties = parameters.get("properties", {})
     arguments: dict[str, Any] = {}
-    for name in t.parameters.get("required", []):
-        spec = properties.get(name, {})
-        arguments[name] = spec["enum"][0] if spec.get("enum") else PLACEHOLDERS.get(spec.get("type"), "...")
-    return ToolCall(t.name, arguments)
+    for arg in parameters.get("required", []):
+        spec = properties.get(arg, {})
+        arguments[arg] = spec["enum"][0] if spec.get("enum") else PLACEHOLDERS.get(spec.get("type"), "...")
+    return ToolCall(name, arguments)
 
 
-def tools_prompt(tools: Sequence[Tool], parser: str, example: ToolCall | None = None) -> str:
+def _name_and_parameters(t: Tool | dict) -> tuple[str, dict]:
+    if isinstance(t, Tool):
+        return t.name, t.parameters
+    function = t.get("function", t)
+    return function["name"], function.get("parameters", {})
+
+
+def tools_prompt(tools: Sequence[Tool | dict], parser: str, example: ToolCall | None = None) -> str:
     """The text that tells a model which tools it has and how to call them.
 
     One ``Tool: <JSON schema>`` line per tool, then ``Call a tool like this:`` and ``example``
@@ -37,7 +46,7 @@ def tools_prompt(tools: Sequence[Tool], parser: str, example: ToolCall | None = 
     A model that copies the example writes a call the ``parser`` reads.
 
     Args:
-        tools: The tools, at least one.
+        tools: The tools (or their JSON schemas, as ``Tool.schema()`` gives), at least one.
         parser: A registered parser name (``turnrl.tools.PARSERS``).
         example: The call to show; a meaningful one teaches more than placeholders.
 
@@ -48,5 +57,5 @@ def tools_prompt(tools: Sequence[Tool], parser: str, example: ToolCall | None = 
     if not tools:
         raise ValueError("tools_prompt() needs at least one tool; an env without tools has no call format to show")
     example = example_call(tools[0]) if example is None else example
-    schemas = "\n".join(f"Tool: {json.dumps(t.schema())}" for t in tools)
+    schemas = "\n".join(f"Tool: {json.dumps(t.schema() if isinstance(t, Tool) else dict(t))}" for t in tools)
     return f"{schemas}\nCall a tool like this:\n{format_call(example, parser)}"
