@@ -261,7 +261,8 @@ def _serve_until_signalled(server, command: str, args: argparse.Namespace, banne
 def _build_model(args: argparse.Namespace) -> int:
     import gymnasium
 
-    from turnrl.agents.families import family_of
+    from turnrl.agents.chat_format import detect
+    from turnrl.agents.families import family_of, load_template
     from turnrl.agents.scripted import corpus_texts
     from turnrl.agents.tiny_hf import build_checkpoint, template_tokenizer
 
@@ -278,7 +279,9 @@ def _build_model(args: argparse.Namespace) -> int:
     except KeyError as e:
         print(f"turnrl build-model: error: --template: {e.args[0]}", file=sys.stderr)
         return EXIT_USAGE
-    env = gymnasium.make(args.env, disable_env_checker=True)
+    # the corpus holds the family's own tool-call format (the one a run prompts for: tool_parser=auto)
+    parser = detect(load_template(template)).tool_parser
+    env = gymnasium.make(args.env, disable_env_checker=True, tool_parser=parser)
     corpus = [text for player in ("expert", "weak")
               for text in corpus_texts(env, range(args.corpus_episodes), player=player)]
     env.close()
