@@ -396,39 +396,20 @@ def _check_expert_solves(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str
 def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
     declared = {t.name: t.schema() for t in getattr(env.unwrapped, "tools", ())}
     n, splits = min(seeds, FORMAT_SEEDS), _splits(env)
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {}  # problem -> the seeds it was seen at
     offered = 0
     for split in splits:
         for seed in range(n):
             observation, info = env.reset(seed=seed, options={"split": split})
-            where = f"seed {seed} ({split})"
-            schemas = info.get("tools")
-            if schemas is None:
-                if declared:
-                    problems.append(f"{where}: the reset info has no 'tools' key, so the model is never given "
-                                    f"{sorted(declared)}")
-                schemas = []
-            elif not isinstance(schemas, (list, tuple)):
-                problems.append(f"{where}: info['tools'] is a {type(schemas).__name__}, not a list of schemas")
-                schemas = []
-            names = []
-            for schema in schemas:
-                name = schema.get("function", {}).get("name") if isinstance(schema, dict) else None
-                names.append(name)
-                if name not in declared:
-                    problems.append(f"{where}: info['tools'] has {_short(name)}, which is not one of the env's "
-                                    f"tools {sorted(declared)}")
-                elif schema != declared[name]:
-                    problems.append(f"{where}: info['tools'] describes {name!r} otherwise than its schema() "
-                                    f"({_short(schema)} vs {_short(declared[name])})")
-            if len(set(names)) != len(names):
-                problems.append(f"{where}: info['tools'] names a tool twice: {names}")
-            offered += bool(schemas)
+            found = _info_tools_problems(info, declared)
+            offered += bool(info.get("tools"))
             parser = getattr(env.unwrapped, "tool_parser", None)  # after reset: a mixture's is its sub-env's
-            written = hand_written_tools("\n".join(str(m.get("content", "")) for m in observation), declared, parser)
-            problems.extend(f"{where}: the opening messages {p}" for p in written)
+            text = "\n".join(str(m.get("content", "")) for m in observation)
+            found += [f"the opening messages {p}" for p in hand_written_tools(text, declared, parser)]
+            for problem in found:
+                problems.setdefault(problem, []).append(f"{seed} ({split})")
     if problems:
-        raise CheckFailure(f"{len(problems)} problem(s): " + "; ".join(problems[:3]))
+        raise CheckFailure("; ".join(f"{problem} (seeds {_shown(where)})" for problem, where in problems.items()))
     if declared and not offered:
         raise CheckFailure(f"no reset of {n} seeds x {len(splits)} splits gives info['tools'] any tool, so the "
                            f"model is never shown {sorted(declared)}")
@@ -436,6 +417,27 @@ def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, 
         return "the env has no tools (info['tools'] is empty) and its prompts write no tool calls", ()
     return (f"{offered} of {n * len(splits)} resets give the tools in info['tools'] as their schema(); no opening "
             "messages hand-write tools or a call format"), ()
+
+
+def _info_tools_problems(info: dict, declared: dict[str, dict]) -> list[str]:
+    """How a reset's ``info["tools"]`` misses the env's tools (``declared``: name -> schema)."""
+    if "tools" not in info:
+        return [f"the reset info has no 'tools' key, so the model is never given {sorted(declared)}"] if declared else []
+    schemas = info["tools"]
+    if not isinstance(schemas, (list, tuple)):
+        return [f"info['tools'] is a {type(schemas).__name__}, not a list of function schemas"]
+    problems, names = [], []
+    for schema in schemas:
+        name = schema.get("function", {}).get("name") if isinstance(schema, dict) else None
+        names.append(name)
+        if name not in declared:
+            problems.append(f"info['tools'] has {_short(name)}, which is not one of the env's tools {sorted(declared)}")
+        elif schema != declared[name]:
+            problems.append(f"info['tools'] describes {name!r} otherwise than its schema() ({_short(schema)} vs "
+                            f"{_short(declared[name])})")
+    if len(set(names)) != len(names):
+        problems.append(f"info['tools'] names a tool twice: {names}")
+    return problems
 
 
 def _check_splits_disjoint(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
