@@ -158,8 +158,8 @@ class TaskOnlyPromptEnv(HandWrittenPromptEnv):
 
 def test_a_hand_written_call_warns_at_the_first_reset_and_fails_the_check():
     env = HandWrittenPromptEnv(tool_parser="xml")
-    with pytest.warns(UserWarning, match="opening messages show calls of its tools in the hermes format, which "
-                                         "the env cannot even read \\(it parses tool_parser='xml'\\).*info\\['tools'\\]"):
+    with pytest.warns(UserWarning, match="opening messages show calls of its tools in the hermes format, which the "
+                                         "env cannot even read \\(it parses tool_parser='xml'\\).*info\\['tools'\\]"):
         env.reset(seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

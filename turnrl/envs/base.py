@@ -22,8 +22,8 @@ Info keys, always: ``task_id`` (str), ``state_key`` (Hashable), ``turn`` (turns
 taken so far), ``split``. After ``reset`` also: ``tools``, the episode's tools as OpenAI-style
 function schemas (``[t.schema() for t in self.tools]``: ``{"type": "function", "function":
 {"name", "description", "parameters"}}``; ``[]`` without tools), which the agent gives the chat
-template (``apply_chat_template(..., tools=...)``). After ``step`` also: ``success`` (bool, final when the
-episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
+template (``apply_chat_template(..., tools=...)``). After ``step`` also: ``success`` (bool,
+final when the episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
 (bool), ``tool_calls`` (int), ``tool_errors`` (int).
 
 Tools: ``tools`` (a class attribute, or set on the instance before or after
@@ -87,7 +87,8 @@ from turnrl.tools import (
 )
 from turnrl.tools.executors import EXECUTORS, Executor, get_executor, run_sync
 
-__all__ = ["Message", "MultiTurnEnv", "TOOL_LISTING", "hand_written_tools", "PARSE_ERROR_PREFIX", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
+__all__ = ["Message", "MultiTurnEnv", "PARSE_ERROR_PREFIX", "Split", "TOOL_LISTING", "TurnOutcome", "SPLITS",
+           "WEAK_EXPERT_PROB", "hand_written_tools"]
 
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")

@@ -422,7 +422,7 @@ def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, 
 def _info_tools_problems(info: dict, declared: dict[str, dict]) -> list[str]:
     """How a reset's ``info["tools"]`` misses the env's tools (``declared``: name -> schema)."""
     if "tools" not in info:
-        return [f"the reset info has no 'tools' key, so the model is never given {sorted(declared)}"] if declared else []
+        return [f"the reset info has no 'tools' key, so the model is never given {sorted(declared)}"] * bool(declared)
     schemas = info["tools"]
     if not isinstance(schemas, (list, tuple)):
         return [f"info['tools'] is a {type(schemas).__name__}, not a list of function schemas"]

@@ -5,8 +5,8 @@ Description:
     families such as sum of digits in base b, fizzbuzz with other divisors and words, run-length
     encoding, gcd, Caesar shift by k, rotations, bracket matching, Roman numerals...). The
     system prompt states the task and the submission format (``run_python`` comes through
-    ``info["tools"]`` and the chat template); the user prompt
-    gives the function's signature, its statement and three example tests. Model code only
+    ``info["tools"]`` and the chat template); the user prompt gives the function's signature,
+    its statement and three example tests. Model code only
     ever runs in the sandbox executor (bubblewrap by default; any executor that runs
     ``Program``\\ s works, via the ``executors`` kwarg).
 
