@@ -1,7 +1,7 @@
 """The README's "Write your own environment" example runs exactly as printed: the env file,
 its Hydra config file and the two shell commands are read out of README.md. A user's env class
-is checked by name (``module:Class``), works with every call format, describes its tools without
-hand-writing them, and its training run saves a config that names it."""
+is checked by name (``module:Class``), works with every call format, gives its tools in
+``info["tools"]`` without hand-writing them in its prompt, and its training run saves a config that names it."""
 
 import os
 import re
@@ -75,9 +75,10 @@ def test_the_example_describes_its_tool_without_writing_a_description(project):
     assert "schema()" not in blocks("python")[0] and "Tool:" not in blocks("python")[0]
     assert isinstance(CapitalsEnv.capital, ToolMethod)
     env = CapitalsEnv(tool_parser="json_fenced")
-    obs, _ = env.reset(seed=0)
-    assert obs[0]["content"] == env.tools_prompt() and '"name": "capital"' in obs[0]["content"]
-    assert "```json" in obs[0]["content"]  # the call format of the env's own parser
+    obs, info = env.reset(seed=0)
+    assert info["tools"] == [env.tools[0].schema()] and info["tools"][0]["function"]["name"] == "capital"
+    assert '"name": "capital"' not in obs[0]["content"] and "```json" not in obs[0]["content"]  # the task only
+    assert "```json" in env.tools_prompt()  # a renderer's fallback shows the env's own call format
     obs, *_, info = env.step('```json\n{"name": "capital", "arguments": {"country": "Peru"\n```')
     assert info["parse_error"] and obs[0]["content"].startswith("Error: could not parse your tool call: ")
 

@@ -117,7 +117,9 @@ def test_text_mode_is_marked_eval_only_and_refused_for_training(server, served_m
 
 def test_parse_chatml_inverts_the_template(tokenizer):
     messages = [{"role": "system", "content": "be brief\nplease"}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "16"}, {"role": "tool", "content": "higher"}]
+                {"role": "assistant", "content": "16"}, {"role": "tool", "content": "higher"},
+                {"role": "tool", "content": "a\nb"}, {"role": "user", "content": "go on"},
+                {"role": "assistant", "content": "8"}, {"role": "tool", "content": ""}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert parse_chatml(text) == messages
     with pytest.raises(ValueError, match="not ChatML"):

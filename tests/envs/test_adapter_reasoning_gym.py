@@ -50,7 +50,7 @@ def test_task_is_the_datasets_entry_and_prompt_names_the_format():
         {"role": "user", "content": task.entry["question"].strip()},
     )
     assert info == {"task_id": f"leg_counting-{task.digest}", "state_key": (task.digest, 0), "turn": 0,
-                    "split": "train"}
+                    "split": "train", "tools": []}
     assert env.expert_action() == f"<answer>{task.entry['answer']}</answer>"
 
 

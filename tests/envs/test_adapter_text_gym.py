@@ -65,7 +65,7 @@ def test_hand_played_episode_transcript():
     word = env.env.word
     assert obs == ({"role": "system", "content": "Reverse the word."}, {"role": "user", "content": f"reverse: {word}"})
     assert info == {"tries": 0, "task_id": f"ReverseWordEnv-seed{env.task.seed}", "state_key": f"reverse: {word}",
-                    "turn": 0, "split": "train"}
+                    "turn": 0, "split": "train", "tools": []}
     wrong = word[::-1][:2] + "zz"
     obs, reward, terminated, truncated, info = env.step(f"  {wrong}\n")
     assert obs == ({"role": "user", "content": "wrong: 2 leading letters right, 2 tries left"},)

@@ -5,6 +5,7 @@ import pytest
 
 from turnrl.envs import CalcMathEnv
 from turnrl.envs.calc_math import FORMAT_REMINDER, Problem
+from turnrl.tools import calculator
 
 
 def call(name="calculator", **arguments):
@@ -17,14 +18,14 @@ def fresh(seed=0, **kwargs):
     return env, obs, info
 
 
-def test_prompt_lists_tool_schema_and_formats():
+def test_prompt_states_the_task_and_info_gives_the_tool():
     env, obs, info = fresh()
     system, user = obs
     assert system["role"] == "system" and user["role"] == "user"
-    assert json.dumps(env.tools[0].schema()) in system["content"]
-    example = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 24"}}\n</tool_call>'
-    assert example in system["content"]
-    assert "Answer: <number>" in system["content"]
+    assert info["tools"] == [env.tools[0].schema()] == [calculator.schema()]
+    assert json.dumps(env.tools[0].schema()) not in system["content"] and "<tool_call>" not in system["content"]
+    assert system["content"] == ("You solve arithmetic with the calculator tool.\n"
+                                 "Use one call per operation. When you are done, reply: Answer: <number>")
     assert user["content"] == f"Compute {info['task_id']}."
     assert info["state_key"] == () and env.max_turns == 5
     assert CalcMathEnv(num_ops=1).max_turns == 4

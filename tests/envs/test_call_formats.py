@@ -1,5 +1,6 @@
-"""Every env reads, describes and demonstrates the call format of the parser it is given; a
-malformed call, a call in another format and a prompt in the wrong format are told, never silent."""
+"""Every env reads the call format of the parser it is given and gives its tools in
+``info["tools"]`` (the template shows them), never in its prompt; a malformed call, a call in
+another format and a prompt that hand-writes tools are told, never silent."""
 
 import warnings
 
@@ -7,7 +8,7 @@ import gymnasium
 import pytest
 
 from turnrl.envs import GuessNumberEnv, MultiTurnEnv, TurnOutcome, check
-from turnrl.envs.base import PARSE_ERROR_PREFIX
+from turnrl.envs.base import PARSE_ERROR_PREFIX, TOOL_LISTING, hand_written_tools
 from turnrl.tools import PARSERS, ToolCall, calculator, format_call, get_parser
 from tests.helpers import env_ids_in_tiers
 
@@ -32,11 +33,16 @@ def test_every_env_passes_every_check_with_every_parser(env_id, parser):
 
 @pytest.mark.parametrize("parser", ENV_PARSERS)
 @pytest.mark.parametrize("env_id", TOOL_ENVS)
-def test_the_prompt_shows_the_example_call_in_the_parsers_format(env_id, parser):
+def test_the_tools_come_in_info_and_the_prompt_states_the_task_only(env_id, parser):
     env = make(env_id, parser)
-    obs, _ = env.reset(seed=0)
-    assert format_call(env.example_call(), parser) in obs[0]["content"]
-    assert env.tools_prompt() in obs[0]["content"]
+    obs, info = env.reset(seed=0)
+    assert info["tools"] == [t.schema() for t in env.tools] and info["tools"]
+    text = "\n".join(m["content"] for m in obs)
+    assert hand_written_tools(text, [t.name for t in env.tools]) == []
+    assert TOOL_LISTING not in text and format_call(env.example_call(), parser) not in text
+    # tools_prompt() stays: the renderer writes it for a template that does not render tools
+    assert format_call(env.example_call(), parser) in env.tools_prompt()
+    assert get_parser(parser)(env.tools_prompt()).status == "ok"
     env.close()
 
 
@@ -119,10 +125,15 @@ def test_an_episode_written_in_another_format_is_a_parse_error_every_turn(parser
 
 
 class HandWrittenPromptEnv(MultiTurnEnv):
-    """The calculator with a prompt that hard-codes the hermes format instead of tools_prompt()."""
+    """The calculator with a prompt that hand-writes a hermes call (and, with ``listing``, the
+    tool listing of tools_prompt()) instead of leaving the tools to the chat template."""
 
     tools = (calculator,)
     default_max_turns = 2
+
+    def __init__(self, listing=False, **kwargs):
+        self.listing = listing
+        super().__init__(**kwargs)
 
     def _new_task(self, rng, split):
         return int(rng.integers(2, 50)) * 2 + (split == "test")
@@ -131,9 +142,12 @@ class HandWrittenPromptEnv(MultiTurnEnv):
         return str(task)
 
     def _start_episode(self, task):
-        return [{"role": "system", "content": 'Call tools like this: <tool_call>{"name": "calculator", "arguments": '
-                                              '{"expression": "1 + 1"}}</tool_call>'},
-                {"role": "user", "content": f"What is {task} + 1?"}]
+        if self.listing:
+            system = self.tools_prompt()
+        else:
+            system = ('Call tools like this: <tool_call>{"name": "calculator", "arguments": '
+                      '{"expression": "1 + 1"}}</tool_call>')
+        return [{"role": "system", "content": system}, {"role": "user", "content": f"What is {task} + 1?"}]
 
     def _on_turn(self, action, parse, tool_results):
         won = action.strip() == f"Answer: {self.task + 1}"
@@ -146,19 +160,77 @@ class HandWrittenPromptEnv(MultiTurnEnv):
         return f"Answer: {self.task + 1}"
 
 
-def test_a_prompt_in_another_format_warns_at_the_first_reset_and_fails_the_check():
+class TaskOnlyPromptEnv(HandWrittenPromptEnv):
+    """The same env with a prompt that states the task only."""
+
+    def _start_episode(self, task):
+        return [{"role": "system", "content": "Add with the calculator tool, then reply: Answer: <number>"},
+                {"role": "user", "content": f"What is {task} + 1?"}]
+
+
+def test_a_hand_written_call_warns_at_the_first_reset_and_fails_the_check():
     env = HandWrittenPromptEnv(tool_parser="xml")
-    with pytest.warns(UserWarning, match="opening messages show tool calls in the hermes format, but it parses "
-                                         "calls with tool_parser='xml'.*self.tools_prompt()"):
+    with pytest.warns(UserWarning, match="opening messages show calls of its tools in the hermes format, which the "
+                                         "env cannot even read \\(it parses tool_parser='xml'\\).*info\\['tools'\\]"):
         env.reset(seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         env.reset(seed=1)  # once per env
     report = check(HandWrittenPromptEnv(tool_parser="xml"), seeds=3)
     assert report.failed == ["call_format"], report.format()
-    assert "the opening messages show calls in the hermes format, but the env parses tool_parser='xml'" in (
-        report.result("call_format").detail)
-    assert "self.tools_prompt()" in report.result("call_format").fix
+    assert ("the opening messages show calls of its tools in the hermes format, which the env cannot even read "
+            "(it parses tool_parser='xml')") in report.result("call_format").detail
+    assert "info['tools']" in report.result("call_format").fix
+    assert "no example call" in report.result("call_format").fix
+    # a call in the env's own format is hand-written too: the template shows the model's own format
+    with pytest.warns(UserWarning, match="show calls of its tools in the hermes format\\. The tools reach"):
+        HandWrittenPromptEnv(tool_parser="hermes").reset(seed=0)
+    assert check(HandWrittenPromptEnv(tool_parser="hermes"), seeds=3).failed == ["call_format"]
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_a_tool_listing_in_the_prompt_warns_and_fails_the_check(parser):
+    with pytest.warns(UserWarning, match="list tool schemas \\('Tool: \\{' lines"):
+        HandWrittenPromptEnv(listing=True, tool_parser=parser).reset(seed=0)
+    report = check(HandWrittenPromptEnv(listing=True, tool_parser=parser), seeds=3)
+    assert report.failed == ["call_format"], report.format()
+    assert "list tool schemas" in report.result("call_format").detail
+
+
+def test_a_task_only_prompt_passes_and_info_gives_the_tools():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert check(HandWrittenPromptEnv(tool_parser="hermes"), seeds=3).ok
+        env = TaskOnlyPromptEnv()
+        assert env.reset(seed=0)[1]["tools"] == [calculator.schema()]
+        report = check(TaskOnlyPromptEnv(), seeds=3)
+    assert report.ok, report.format()
+    assert "give the tools in info['tools']" in report.result("call_format").detail
+
+
+class NoToolsInInfoEnv(TaskOnlyPromptEnv):
+    """Overrides reset and drops info['tools']: the model would never see the calculator."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        info.pop("tools")
+        return obs, info
+
+
+class WrongToolsInInfoEnv(TaskOnlyPromptEnv):
+    """Offers a schema in info['tools'] that is not its calculator's."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        schema = calculator.schema()
+        info["tools"] = [{**schema, "function": {**schema["function"], "description": "Adds."}}]
+        return obs, info
+
+
+def test_info_tools_must_match_the_declared_tools():
+    report = check(NoToolsInInfoEnv(), seeds=2)
+    assert report.failed == ["call_format"]
+    assert "the reset info has no 'tools' key, so the model is never given ['calculator']" in (
+        report.result("call_format").detail)
+    report = check(WrongToolsInInfoEnv(), seeds=2)
+    assert report.failed == ["call_format"]
+    assert "info['tools'] describes 'calculator' otherwise than its schema()" in report.result("call_format").detail

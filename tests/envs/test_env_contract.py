@@ -6,8 +6,8 @@ import pytest
 from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
 ENVS = {"guess": GuessNumberEnv, "calc": CalcMathEnv}
-RESET_KEYS = {"task_id", "state_key", "turn"}
-STEP_KEYS = RESET_KEYS | {"success", "parse_status", "tool_calls", "tool_errors", "parse_error"}
+RESET_KEYS = {"task_id", "state_key", "turn", "split", "tools"}
+STEP_KEYS = RESET_KEYS - {"tools"} | {"success", "parse_status", "tool_calls", "tool_errors", "parse_error"}
 
 
 def play(env, seed, split, policy):

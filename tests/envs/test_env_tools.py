@@ -36,8 +36,7 @@ class TableEnv(MultiTurnEnv):
     def _start_episode(self, task):
         self.seen = None
         key = min(TABLES[task])
-        return [{"role": "system", "content": self.tools_prompt()},
-                {"role": "user", "content": f"What is {key}? Reply 'Answer: <value>'."}]
+        return [{"role": "user", "content": f"Look up {key} in the table. Reply 'Answer: <value>'."}]
 
     def _on_turn(self, action, parse, tool_results):
         if parse.status != "absent":
@@ -67,6 +66,7 @@ def test_a_tool_method_reads_the_current_episode():
         answers[env.task] = obs[0]["content"]
     assert answers == {name: TABLES[name].get("red", f"no key 'red'; the keys are {sorted(TABLES[name])}")
                        for name in answers} and len(answers) >= 2
+    assert env.reset(seed=0)[1]["tools"] == [env.tools[0].schema()]
     assert check(TableEnv(tool_parser="xml"), seeds=4).ok
 
 

@@ -13,7 +13,8 @@ def test_prompt_and_hints():
     )
     upper, secret = env.task
     assert upper == 32
-    assert info == {"task_id": f"guess-32-{secret}", "state_key": (1, 32), "turn": 0, "split": "train"}
+    assert info == {"task_id": f"guess-32-{secret}", "state_key": (1, 32), "turn": 0, "split": "train",
+                    "tools": []}
     below, above = secret - 1, secret + 1
     if below >= 1:
         obs, reward, terminated, _, info = env.step(f"My guess is {below}, or {above}")

@@ -177,6 +177,17 @@ def test_tools_are_the_union_and_a_clash_is_refused():
         MixtureEnv([{"id": CALC}, {"id": CLASH_ID}])
 
 
+def test_info_tools_are_the_episodes_sub_env_tools():
+    env = MixtureEnv()
+    calc_schemas = [t.schema() for t in CalcMathEnv().tools]
+    seen = set()
+    for seed in range(12):
+        _, info = env.reset(seed=seed)
+        seen.add(info["env_id"])
+        assert info["tools"] == ([] if info["env_id"] == GUESS else calc_schemas)
+    assert seen == {GUESS, CALC}
+
+
 def test_tool_parser_and_max_turns_reach_every_sub_env_unless_its_kwargs_say_otherwise():
     env = MixtureEnv([{"id": GUESS}, {"id": CALC, "kwargs": {"tool_parser": "hermes", "max_turns": 7}}],
                      tool_parser="json_fenced", max_turns=3)

@@ -95,6 +95,7 @@ def test_prompt_shows_signature_statement_and_examples(env):
     problem = reset_to(env, "gcd")
     system, user = env._start_episode(problem)
     assert "run_python" in system["content"] and "```python block" in system["content"]
+    assert "<tool_call>" not in system["content"]  # the tool comes through info["tools"]
     prompt = user["content"]
     assert "def gcd(a: int, b: int) -> int:" in prompt and "greatest common divisor" in prompt
     for t in problem.visible:
@@ -174,6 +175,17 @@ def test_turn_rules_tool_calls_reminders_and_truncation(env):
     assert obs[0]["content"].startswith("Error: bad arguments") and info["tool_errors"] == 1
     obs, reward, terminated, truncated, info = env.step(submit("def gcd(a, b):\n    return 0"))
     assert truncated and not terminated and reward == 0.0 and not info["success"]
+
+
+def test_unicode_output_reaches_the_model_unchanged(env):
+    """Code and its output are any text: CJK, accents, emoji, \\r and tabs pass through as printed;
+    a NUL the program prints is shown escaped."""
+    reset_to(env, "gcd")
+    text = "中文 — café 😀\r\tend"
+    code = f"print({text!r}, end='')\nprint('\\x00', end='')"
+    obs, *_, info = env.step(format_call(ToolCall("run_python", {"code": code}), "hermes"))
+    assert obs[0]["content"] == f"Exit code: 0\nstdout:\n{text}\\x00" and info["tool_errors"] == 0
+    assert obs in env.observation_space
 
 
 def test_grading_runs_apart_from_the_models_working_dir(env):

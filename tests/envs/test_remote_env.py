@@ -153,6 +153,10 @@ def test_info_lists_tools_max_turns_and_request_schemas(calc_server):
         assert [t.schema() for t in remote.tools] == info["tools"]
         with pytest.raises(RuntimeError, match="runs on the env server"):
             remote.tools[0](expression="1 + 1")
+        _, reset_info = remote.reset(seed=0)  # the episode's tools, as sent: lists, like the local info
+        assert reset_info["tools"] == local.reset(seed=0)[1]["tools"] == info["tools"]
+        assert isinstance(reset_info["tools"], list) and isinstance(
+            reset_info["tools"][0]["function"]["parameters"]["required"], list)
     finally:
         remote.close()
 

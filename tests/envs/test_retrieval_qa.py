@@ -131,10 +131,11 @@ def test_prompt_tools_and_turn_limit():
     system, user = obs
     names = [t.name for t in env.tools]
     assert names == ["search", "open"]
+    assert info["tools"] == [t.schema() for t in env.tools]
     for t in env.tools:
-        assert json.dumps(t.schema()) in system["content"]
+        assert json.dumps(t.schema()) not in system["content"]
     assert env.tools[0].parameters["required"] == ["query"]
-    assert call("search", query="Zentrix") in system["content"] and "Answer: <answer>" in system["content"]
+    assert call("search", query="Zentrix") not in system["content"] and "Answer: <answer>" in system["content"]
     assert user["content"] == env.task.text and info["state_key"] == ()
     assert env.max_turns == 2 * env.task.hops + 2
     assert RetrievalQAEnv(max_hops=3).max_turns == 8

@@ -34,8 +34,9 @@ def content_spans(messages, tokenizer):
     spans = []
     for i, message in enumerate(messages):
         rendered = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        end = len(rendered) - len(END)
-        assert rendered[end:] == END and rendered[end - len(message["content"]):end] == message["content"]
+        suffix = "\n</tool_response>" + END if message["role"] == "tool" else END  # a tool result's block
+        end = len(rendered) - len(suffix)
+        assert rendered[end:] == suffix and rendered[end - len(message["content"]):end] == message["content"]
         spans.append((end - len(message["content"]), end))
     return spans
 

@@ -81,6 +81,8 @@ _RETRY_STATUSES = frozenset({429})  # plus every 5xx
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 _CHATML = re.compile(r"<\|im_start\|>([^\n<]+)\n(.*?)<\|im_end\|>\n?", re.DOTALL)
 _CHATML_PROMPT = "<|im_start|>assistant\n"
+_TOOL_RESPONSES = re.compile(r"(?:\n?<tool_response>\n.*?\n</tool_response>)+", re.DOTALL)
+_TOOL_RESPONSE = re.compile(r"\n?<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 
 class PolicyHTTPError(RuntimeError):
@@ -112,7 +114,10 @@ class PolicyResponseError(PolicyHTTPError):
 def parse_chatml(text: str) -> list[dict]:
     """Split a ChatML render (``<|im_start|>role\\ncontent<|im_end|>\\n`` ...) back into messages.
 
-    A trailing generation prompt (``<|im_start|>assistant\\n``) is dropped.
+    A trailing generation prompt (``<|im_start|>assistant\\n``) is dropped. A user turn made of
+    ``<tool_response>`` blocks (how Qwen2.5's template, and the tiny model's, write tool results)
+    becomes one ``tool`` message per block. A system message keeps a tools block the template
+    wrote into it (``# Tools`` ... ``</tool_call>``) as part of its content.
 
     Raises:
         ValueError: If ``text`` is not a sequence of ChatML messages; give ``OpenAIPolicy`` a
@@ -123,7 +128,11 @@ def parse_chatml(text: str) -> list[dict]:
     for match in _CHATML.finditer(body):
         if match.start() != pos:
             break
-        messages.append({"role": match.group(1), "content": match.group(2)})
+        role, content = match.group(1), match.group(2)
+        if role == "user" and _TOOL_RESPONSES.fullmatch(content):
+            messages.extend({"role": "tool", "content": c} for c in _TOOL_RESPONSE.findall(content))
+        else:
+            messages.append({"role": role, "content": content})
         pos = match.end()
     if pos != len(body) or not messages:
         raise ValueError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from turnrl.agents.renderer import ChatRenderer
+from turnrl.agents.tokenizer import tools_block
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -53,13 +54,16 @@ def scripted_episode(env, seed: int, renderer: ChatRenderer, player: str = "expe
 
 
 def corpus_texts(env, seeds: range, player: str = "expert") -> list[str]:
-    """Texts of scripted episodes (every message), to train a tokenizer on."""
+    """Texts of scripted episodes (every message, and the chat template's tools block of each
+    episode's ``info["tools"]``), to train a tokenizer on."""
     rng = np.random.default_rng(0)
     base = env.unwrapped
     texts = []
     for split in ("train", "test"):
         for seed in seeds:
-            obs, _ = env.reset(seed=seed, options={"split": split})
+            obs, info = env.reset(seed=seed, options={"split": split})
+            if info.get("tools"):
+                texts.append(tools_block(info["tools"]))
             texts.extend(m["content"] for m in obs)
             while True:
                 text = base.expert_action() if player == "expert" else base.weak_expert_action(rng)

@@ -19,21 +19,32 @@ Subclasses override small hooks only:
   with p=``WEAK_EXPERT_PROB``, else ``random_action``.
 
 Info keys, always: ``task_id`` (str), ``state_key`` (Hashable), ``turn`` (turns
-taken so far), ``split``. After ``step`` also: ``success`` (bool, final when the
-episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
+taken so far), ``split``. After ``reset`` also: ``tools``, the episode's tools as OpenAI-style
+function schemas (``[t.schema() for t in self.tools]``: ``{"type": "function", "function":
+{"name", "description", "parameters"}}``; ``[]`` without tools), which the agent gives the chat
+template (``apply_chat_template(..., tools=...)``). After ``step`` also: ``success`` (bool,
+final when the episode ends), ``parse_status`` ("ok" | "malformed" | "absent"), ``parse_error``
 (bool), ``tool_calls`` (int), ``tool_errors`` (int).
 
 Tools: ``tools`` (a class attribute, or set on the instance before or after
 ``super().__init__()``) lists ``Tool`` objects; ``@tool`` methods of the class are tools too,
-bound to the env, so they can read the current episode (``self.task``). ``tools_prompt()`` is
-the text that describes them and shows a call in the format of the env's ``tool_parser``
-(``example_call()`` is the call it shows): put it in the opening messages, never a hand-written
-format. A turn whose calls the parser finds malformed (broken markup or JSON), or that holds
-calls of the env's tools in another registered format (``turnrl.tools.other_formats``), is
-``malformed``: nothing runs, and the model is told what was wrong and shown a well-formed call
-(``_parse_feedback``, which an env may override), before the messages of ``_on_turn`` (which
-still sees the turn). The first reset warns when the opening messages show calls of the env's
-tools in another format only.
+bound to the env, so they can read the current episode (``self.task``). The tools reach the model
+through ``info["tools"]`` and the chat template, never through the env's prompt: the opening
+messages state the task only (what to do, what to answer and how the answer is written), with no
+tool listing or example call. ``tools_prompt()`` is the text a renderer writes into the system
+message for a template that does not render tools (the schemas and ``example_call()`` in the
+format of the env's ``tool_parser``). A turn whose calls the parser finds malformed (broken markup
+or JSON), or that holds calls of the env's tools in another registered format
+(``turnrl.tools.other_formats``), is ``malformed``: nothing runs, and the model is told what was
+wrong and shown a well-formed call (``_parse_feedback``, which an env may override), before the
+messages of ``_on_turn`` (which still sees the turn). The first reset warns when the opening
+messages hand-write the tools (a ``Tool: {`` listing or a call of the env's tools in a registered
+format).
+
+Text: observations and actions are any Unicode text (``turnrl.envs.messages.TextSpace``), kept
+as they are. The messages of ``step`` (tool results, feedback, the env's own) show NUL and lone
+surrogates, which no text can carry, as visible escapes (``messages.escape_invalid``): a model's
+code may print them; the opening messages must not hold them (``reset`` raises ValueError).
 
 Tool execution: each tool runs on an executor (``turnrl.tools.executors``): the tool's own
 ``Tool.executor`` kind unless the ``executors`` kwarg overrides it, built with
@@ -51,15 +62,16 @@ import itertools
 import uuid
 import warnings
 from abc import abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import gymnasium
 import numpy as np
 
-from turnrl.envs.messages import Message, action_space, observation_space, to_observation
+from turnrl.envs.messages import Message, action_space, escape_invalid, observation_space, to_observation
 from turnrl.tools import (
+    PARSERS,
     ParseResult,
     Tool,
     ToolCall,
@@ -75,7 +87,8 @@ from turnrl.tools import (
 )
 from turnrl.tools.executors import EXECUTORS, Executor, get_executor, run_sync
 
-__all__ = ["Message", "MultiTurnEnv", "PARSE_ERROR_PREFIX", "Split", "TurnOutcome", "SPLITS", "WEAK_EXPERT_PROB"]
+__all__ = ["Message", "MultiTurnEnv", "PARSE_ERROR_PREFIX", "Split", "TOOL_LISTING", "TurnOutcome", "SPLITS",
+           "WEAK_EXPERT_PROB", "hand_written_tools"]
 
 Split = Literal["train", "test"]
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -83,6 +96,29 @@ WEAK_EXPERT_PROB = 0.5
 """Probability that the default ``weak_expert_action`` plays the expert's move."""
 PARSE_ERROR_PREFIX = "Error: could not parse your tool call: "
 """How the default ``_parse_feedback`` message starts."""
+
+
+TOOL_LISTING = "Tool: {"
+"""How ``turnrl.tools.tools_prompt`` starts a tool's schema line: an env prompt holding it lists tools."""
+
+
+def hand_written_tools(text: str, tool_names: Collection[str], parser: str | None = None) -> list[str]:
+    """How ``text`` (an env's opening messages) hand-writes tools: a ``Tool: {`` schema listing,
+    or calls of ``tool_names`` written in a registered format (``turnrl.tools.PARSERS``; when
+    ``parser``, the env's own, is given, a call in another format is said to be unreadable too).
+    Empty when it does neither. Each item reads after "the opening messages ...".
+    """
+    problems = []
+    if TOOL_LISTING in text:
+        problems.append(f"list tool schemas ({TOOL_LISTING!r} lines, as tools_prompt() writes them)")
+    if tool_names:
+        formats = [name for name in PARSERS.names() if (parse := PARSERS[name](text)).status == "ok"
+                   and any(call.name in tool_names for call in parse.calls)]
+        if formats:
+            unread = "" if parser is None or parser in formats else (
+                f", which the env cannot even read (it parses tool_parser={parser!r})")
+            problems.append(f"show calls of its tools in the {' / '.join(formats)} format{unread}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -205,8 +241,15 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
 
     def tools_prompt(self) -> str:
         """The tools' schemas and ``example_call()`` written in this env's ``tool_parser`` format
-        (``turnrl.tools.tools_prompt``): put it in the opening messages of an env with tools."""
+        (``turnrl.tools.tools_prompt``): what a renderer writes into the system message for a chat
+        template that does not render ``tools=``. Never put it in the env's own messages: the
+        tools reach the model through ``info["tools"]`` (``tool_schemas()``)."""
         return tools_prompt(self.tools, self.tool_parser, self.example_call())
+
+    def tool_schemas(self) -> list[dict]:
+        """The env's tools as OpenAI-style function schemas (``Tool.schema()``), ``[]`` without
+        tools: ``info["tools"]`` of ``reset``."""
+        return [t.schema() for t in self.tools]
 
     def _parse_feedback(self, parse: ParseResult) -> list[Message]:
         """The messages the model gets about how its calls were written, before ``_on_turn``'s.
@@ -258,7 +301,7 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         if not self._prompt_checked:
             self._prompt_checked = True
             self._warn_on_foreign_prompt(messages)
-        return to_observation(messages), self._info()
+        return to_observation(messages), self._info(tools=self.tool_schemas())
 
     def step(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
         """Play one assistant turn; returns ``(obs, reward, terminated, truncated, info)``."""
@@ -275,6 +318,8 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         self._done = terminated or truncated
         messages = ([{"role": "tool", "content": r.content} for r in results] + self._parse_feedback(parse)
                     + list(outcome.messages))
+        messages = [{**m, "content": escape_invalid(m["content"])} if isinstance(m, dict)
+                    and isinstance(m.get("content"), str) else m for m in messages]
         info = self._info(
             success=self._success,
             parse_status=parse.status,
@@ -323,19 +368,16 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
             f"{self.tool_parser} format"))
 
     def _warn_on_foreign_prompt(self, messages: list[Message]) -> None:
-        """Warn when the opening messages show calls of the env's tools in other formats only: a
-        model that follows them writes calls this env's parser cannot read."""
-        text = "\n".join(str(m.get("content", "")) for m in messages)
-        if not self._tools_by_name or self._parse(text).status == "ok":
-            return
-        others = other_formats(text, self.tool_parser, self._tools_by_name)
-        if others:
+        """Warn when the opening messages hand-write the tools (``hand_written_tools``): they reach
+        the model through ``info["tools"]`` and the chat template, in the model's own format."""
+        problems = hand_written_tools("\n".join(str(m.get("content", "")) for m in messages), self._tools_by_name,
+                                      self.tool_parser)
+        if problems:
             warnings.warn(
-                f"{type(self).__name__}'s opening messages show tool calls in the {' / '.join(others)} format, but "
-                f"it parses calls with tool_parser={self.tool_parser!r}: a model that follows the prompt writes "
-                "calls the env cannot read. Describe the tools with self.tools_prompt() (and write the expert's "
-                "calls with format_call(call, self.tool_parser)) instead of a hand-written format.",
-                UserWarning, stacklevel=3)
+                f"{type(self).__name__}'s opening messages {'; and '.join(problems)}. The tools reach the model "
+                "through info['tools'] and the chat template (or the renderer's tools_prompt() for a template "
+                "without tools), in the format the model writes: state the task only in the prompt, and write "
+                "the expert's calls with format_call(call, self.tool_parser).", UserWarning, stacklevel=3)
 
     @staticmethod
     def _resolve_executors(tools: Mapping[str, Tool], executors: Mapping[str, str] | None,

@@ -13,8 +13,9 @@ Description:
         ...
         Answer: 903
 
-    The system prompt describes the tool and shows a call in the format of the env's
-    ``tool_parser`` (``MultiTurnEnv.tools_prompt``), and the expert writes its calls in it.
+    The system prompt states the task and the answer format; the calculator reaches the model
+    through ``info["tools"]`` and the chat template, and the expert writes its calls in the
+    ``tool_parser`` format.
 
     Word problems (``style="word"``): the user prompt tells the same ``Problem`` as a short
     story, e.g. ``"A shop has 37 boxes with 24 pens each. It sells 5 pens. How many pens
@@ -86,14 +87,14 @@ import numpy as np
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.extract import first_int
-from turnrl.tools import ParseResult, ToolCall, ToolResult, calculator, format_call, tools_prompt
+from turnrl.tools import ParseResult, ToolCall, ToolResult, calculator, format_call
 
 OPS = MappingProxyType({"+": operator.add, "-": operator.sub, "*": operator.mul})
 TEST_BUCKETS, TEST_BUCKET = 5, 0
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 FORMAT_REMINDER = 'Call the calculator tool or reply "Answer: <number>".'
 EXAMPLE_CALL = ToolCall("calculator", {"expression": "37 * 24"})
-"""The call the system prompt and the malformed-call feedback show."""
+"""The call the malformed-call feedback (and a renderer's ``tools_prompt()``) shows."""
 WEAK_FOLLOW_PROB, WEAK_EXACT_PROB = 0.35, 0.2
 MAX_DRAWS = 10_000
 STYLES: tuple[str, ...] = ("expression", "word")
@@ -278,13 +279,11 @@ def word_problem(problem: Problem) -> str:
     return told[zlib.crc32(f"word:{problem.text}".encode()) % len(told)]
 
 
-def system_prompt(style: str = "expression", tool_parser: str = "hermes") -> str:
-    """The system message: the calculator schema, a call in the ``tool_parser`` format and the
-    answer format."""
+def system_prompt(style: str = "expression") -> str:
+    """The system message: the task and the answer format (the tool comes through the template)."""
     task = "arithmetic word problems" if style == "word" else "arithmetic"
     return (
         f"You solve {task} with the calculator tool.\n"
-        f"{tools_prompt((calculator,), tool_parser, EXAMPLE_CALL)}\n"
         "Use one call per operation. When you are done, reply: Answer: <number>"
     )
 
@@ -350,7 +349,7 @@ class CalcMathEnv(MultiTurnEnv):
     def _start_episode(self, task: Problem) -> list[Message]:
         self._plan, self._obtained = task.plan(), set()
         return [
-            {"role": "system", "content": system_prompt(self.style, self.tool_parser)},
+            {"role": "system", "content": system_prompt(self.style)},
             {"role": "user", "content": word_problem(task) if self.style == "word" else f"Compute {task.text}."},
         ]
 

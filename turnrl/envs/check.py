@@ -5,8 +5,9 @@ Checks, in order (``CHECK_NAMES``):
 * ``gymnasium_check_env``: gymnasium's own env checker passes (its warnings become notes).
 * ``seed_determinism``: the same seed and split give the same expert episode twice.
 * ``tool_schemas``: every tool's ``schema()`` is a valid function schema; names are unique.
-* ``call_format``: the opening messages of an env with tools show a call its ``tool_parser``
-  reads, and never calls of its tools in another format only.
+* ``call_format``: the reset info gives the env's tools as ``info["tools"]`` (each one's
+  ``schema()``), and the opening messages never hand-write them (a ``Tool: {`` listing, or a
+  call of its tools in a registered format): tools reach the model through the chat template.
 * ``expert_solves``: the expert succeeds on every checked seed of every split.
 * ``splits_disjoint``: no task_id is drawn from both the train and the test split.
 * ``chat_roundtrip``: expert episodes render token-exactly with the chat template.
@@ -34,16 +35,15 @@ import gymnasium
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from gymnasium.utils.env_checker import data_equivalence
 
-from turnrl.envs.base import SPLITS
+from turnrl.envs.base import SPLITS, hand_written_tools
 from turnrl.envs.registration import NAMESPACE, registered_env_ids
-from turnrl.tools import get_parser, other_formats
 
 __all__ = ["CHECK_NAMES", "CheckReport", "CheckResult", "UnknownEnvError", "check"]
 
 DETERMINISM_SEEDS = 5
 """Seeds (per split) whose episodes are played twice by ``seed_determinism``."""
 FORMAT_SEEDS = 5
-"""Seeds (per split) whose opening messages ``call_format`` reads."""
+"""Seeds (per split) whose reset info and opening messages ``call_format`` reads."""
 DISJOINT_SEEDS = 200
 """Resets per split whose task_ids ``splits_disjoint`` compares (at least ``seeds``)."""
 CORPUS_SEEDS = 20
@@ -394,29 +394,50 @@ def _check_expert_solves(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str
 
 
 def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
-    names = {t.name for t in getattr(env.unwrapped, "tools", ())}
-    if not names:
-        return "the env has no tools", ()
+    declared = {t.name: t.schema() for t in getattr(env.unwrapped, "tools", ())}
     n, splits = min(seeds, FORMAT_SEEDS), _splits(env)
-    shown, foreign = 0, []
+    problems: dict[str, list[str]] = {}  # problem -> the seeds it was seen at
+    offered = 0
     for split in splits:
         for seed in range(n):
-            observation, _ = env.reset(seed=seed, options={"split": split})
+            observation, info = env.reset(seed=seed, options={"split": split})
+            found = _info_tools_problems(info, declared)
+            offered += bool(info.get("tools"))
             parser = getattr(env.unwrapped, "tool_parser", None)  # after reset: a mixture's is its sub-env's
-            if parser is None:
-                return "skipped", ("the env has no tool_parser attribute; nothing to compare the prompt with",)
             text = "\n".join(str(m.get("content", "")) for m in observation)
-            if get_parser(parser)(text).status == "ok":
-                shown += 1
-            elif other := other_formats(text, parser, names):
-                foreign.append(f"seed {seed} ({split}): the opening messages show calls in the {' / '.join(other)} "
-                               f"format, but the env parses tool_parser={parser!r}")
-    if foreign:
-        raise CheckFailure("a model that follows the prompt writes calls the env cannot read: " + "; ".join(foreign[:2]))
-    if not shown:
-        raise CheckFailure(f"no opening messages of {n} seeds x {len(splits)} splits show a tool call the env's "
-                           f"parser reads, so the model is not shown how to call {sorted(names)}")
-    return f"{shown} of {n * len(splits)} openings show a call in the env's tool_parser format", ()
+            found += [f"the opening messages {p}" for p in hand_written_tools(text, declared, parser)]
+            for problem in found:
+                problems.setdefault(problem, []).append(f"{seed} ({split})")
+    if problems:
+        raise CheckFailure("; ".join(f"{problem} (seeds {_shown(where)})" for problem, where in problems.items()))
+    if declared and not offered:
+        raise CheckFailure(f"no reset of {n} seeds x {len(splits)} splits gives info['tools'] any tool, so the "
+                           f"model is never shown {sorted(declared)}")
+    if not declared:
+        return "the env has no tools (info['tools'] is empty) and its prompts write no tool calls", ()
+    return (f"{offered} of {n * len(splits)} resets give the tools in info['tools'] as their schema(); no opening "
+            "messages hand-write tools or a call format"), ()
+
+
+def _info_tools_problems(info: dict, declared: dict[str, dict]) -> list[str]:
+    """How a reset's ``info["tools"]`` misses the env's tools (``declared``: name -> schema)."""
+    if "tools" not in info:
+        return [f"the reset info has no 'tools' key, so the model is never given {sorted(declared)}"] * bool(declared)
+    schemas = info["tools"]
+    if not isinstance(schemas, (list, tuple)):
+        return [f"info['tools'] is a {type(schemas).__name__}, not a list of function schemas"]
+    problems, names = [], []
+    for schema in schemas:
+        name = schema.get("function", {}).get("name") if isinstance(schema, dict) else None
+        names.append(name)
+        if name not in declared:
+            problems.append(f"info['tools'] has {_short(name)}, which is not one of the env's tools {sorted(declared)}")
+        elif schema != declared[name]:
+            problems.append(f"info['tools'] describes {name!r} otherwise than its schema() ({_short(schema)} vs "
+                            f"{_short(declared[name])})")
+    if len(set(names)) != len(names):
+        problems.append(f"info['tools'] names a tool twice: {names}")
+    return problems
 
 
 def _check_splits_disjoint(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
@@ -485,9 +506,10 @@ CHECKS: tuple[_Check, ...] = (
            "build tools with turnrl.tools.tool on a typed function with a Google docstring "
            "(summary + an Args entry per parameter), or correct the hand-written Tool fields named above"),
     _Check("call_format", _check_call_format,
-           "describe the tools with self.tools_prompt() in the opening messages (it shows a call in the env's "
-           "tool_parser format; override example_call() for a meaningful one), and write the expert's calls with "
-           "format_call(call, self.tool_parser)"),
+           "leave info['tools'] to MultiTurnEnv.reset (it gives [t.schema() for t in self.tools]), and state the "
+           "task only in the opening messages: no tool listing, no example call (drop self.tools_prompt() and "
+           "hand-written calls from the prompt; the chat template, or the renderer's tools_prompt() for a "
+           "template without tools, shows the tools in the model's own format)"),
     _Check("expert_solves", _check_expert_solves,
            "make expert_action() solve every task within max_turns (replay a failing seed with env.reset("
            "seed=..., options={'split': ...}) and step the expert), or fix the success judgement in _on_turn"),
@@ -495,7 +517,7 @@ CHECKS: tuple[_Check, ...] = (
            "decide a task's split from the task itself (e.g. a stable hash of its id) and draw each split "
            "only from its own tasks in _new_task"),
     _Check("chat_roundtrip", _check_chat_roundtrip,
-           "keep observations in the message charset and free of text the chat template rewrites "
+           "keep observations free of text the chat template rewrites "
            "(special tokens such as <|im_end|>, leading/trailing whitespace the template strips)"),
 )
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)

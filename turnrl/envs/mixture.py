@@ -16,9 +16,10 @@ Action Space:
     delegated to the current sub-env, which parses and executes its own tools.
 
 Observation Space:
-    The sub-env's messages (``messages.observation_space``). ``tools`` is the union of the
-    sub-envs' tools (for the agent's prompt); a tool name declared by two sub-envs with
-    different schemas is refused at construction.
+    The sub-env's messages (``messages.observation_space``). The reset ``info["tools"]`` is
+    the schemas of the episode's sub-env's tools (``[]`` for a sub-env without tools), which the
+    agent gives the chat template. ``tools`` is the union of the sub-envs' tools; a tool name
+    declared by two sub-envs with different schemas is refused at construction.
 
 Rewards:
     The sub-env's.
@@ -242,7 +243,10 @@ class MixtureEnv(gymnasium.Env[tuple, str]):
             index = self.names.index(forced)
         self._index = index
         obs, info = self.envs[index].reset(seed=sub_seed, options=options)
-        return obs, self._wrap_info(info)
+        info = self._wrap_info(info)
+        if "tools" not in info:  # a sub-env that is not a MultiTurnEnv: its declared tools
+            info["tools"] = [t.schema() for t in getattr(self.envs[index].unwrapped, "tools", ())]
+        return obs, info
 
     def step(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
         """Play one turn in the current sub-env; its result with the info namespaced."""

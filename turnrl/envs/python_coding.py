@@ -4,8 +4,9 @@ Description:
     A task is one problem of the bank in ``turnrl.envs.python_problems`` (48 problems: 24
     families such as sum of digits in base b, fizzbuzz with other divisors and words, run-length
     encoding, gcd, Caesar shift by k, rotations, bracket matching, Roman numerals...). The
-    system prompt describes the ``run_python`` tool and the submission format; the user prompt
-    gives the function's signature, its statement and three example tests. Model code only
+    system prompt states the task and the submission format (``run_python`` comes through
+    ``info["tools"]`` and the chat template); the user prompt gives the function's signature,
+    its statement and three example tests. Model code only
     ever runs in the sandbox executor (bubblewrap by default; any executor that runs
     ``Program``\\ s works, via the ``executors`` kwarg).
 
@@ -87,7 +88,6 @@ from turnrl.tools import (
     format_call,
     run_python,
     run_sync,
-    tools_prompt,
 )
 
 __all__ = ["PythonCodingEnv", "grade_program", "extract_submission"]
@@ -97,7 +97,7 @@ WEAK_FIRST_PROB, WEAK_RETRY_PROB = 0.2, 0.3
 RESULT_MARK = "@@turnrl-result@@"
 SUBMISSION = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 EXAMPLE_CALL = ToolCall("run_python", {"code": "print(sum(range(10)))"})
-"""The call the system prompt and the malformed-call feedback show."""
+"""The call the malformed-call feedback (and a renderer's ``tools_prompt()``) shows."""
 FORMAT_REMINDER = "Run code with the run_python tool, or submit the complete function in one ```python block."
 RETRY = "Fix the function and submit it again in a ```python block."
 SHOWN_VALUE = 120
@@ -228,11 +228,10 @@ def judge_output(problem: Problem, stdout: str, stopped: str = "") -> Grade:
     return Grade(load_error, tuple(results[:n]), tuple(results[n:]), stopped)
 
 
-def system_prompt(tool_parser: str) -> str:
-    """The system message: the tool, a call in the ``tool_parser`` format, and how to submit."""
+def system_prompt() -> str:
+    """The system message: the task and how to submit (the tool comes through the template)."""
     return (
         "You write Python functions. You may run code in a sandbox with the run_python tool.\n"
-        f"{tools_prompt((run_python,), tool_parser, EXAMPLE_CALL)}\n"
         "When you are ready, submit the complete function in one ```python block, with no tool call in "
         "that turn. Each submission is checked on the example tests; the first one that passes them all "
         "is final and is graded on hidden tests."
@@ -286,7 +285,7 @@ class PythonCodingEnv(MultiTurnEnv):
         examples = "\n".join(f"{call_text(task.func, t.args)} == {t.expected!r}" for t in task.visible)
         user = (f"Write a Python function:\n{task.signature}\n{task.statement}\n"
                 f"Examples:\n{examples}")
-        return [{"role": "system", "content": system_prompt(self.tool_parser)}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": user}]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
         if parse.status == "malformed":  # the base class tells the model what was wrong

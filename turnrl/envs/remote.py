@@ -17,7 +17,8 @@ Contract, and where it differs from a local env:
   leaves its session to the TTL.
 * Values travel as JSON and every list comes back as a tuple (recursively), so a tuple
   ``state_key`` equals, and hashes like, the local one; an info value that is a list
-  locally arrives as a tuple.
+  locally arrives as a tuple, except the reset ``info["tools"]`` (JSON schemas for the chat
+  template), which arrives as sent: a list of dicts, equal to the local one.
 * Weak and random players: the generator's state (``rng.bit_generator.state``) is sent
   with the call and the state after the server's draws is stored back into ``rng``, so
   ``rng`` makes exactly the draws, and the player exactly the moves, of a local player
@@ -198,7 +199,10 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
             log.info("session %s at %s expired; opening a new one", self.session_id, self.url)
             self._session = None
             reply = self._request("POST", self._session_path("reset"), body, retry=seed is not None, what="reset")
-        return from_json(reply["observation"]), from_json(reply["info"])
+        info = from_json(reply["info"])
+        if isinstance(reply["info"].get("tools"), list):  # JSON schemas, for the chat template: as sent
+            info["tools"] = reply["info"]["tools"]
+        return from_json(reply["observation"]), info
 
     def step(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
         """Play one turn on the server (never retried); the local env's ``step`` result."""

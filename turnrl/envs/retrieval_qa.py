@@ -5,8 +5,9 @@ Description:
     312 short documents about countries, cities, people, companies, rivers and inventions,
     shared by both splits). A task is a chain of 2-4 facts from a named entity, asked as one
     question, e.g. ``"In which country does the birthplace of the founder of Zentrix lie?"``
-    (company -> founder -> birthplace -> country: 3 hops). The system prompt shows the two
-    tool schemas and the call/answer formats; the user prompt is the question.
+    (company -> founder -> birthplace -> country: 3 hops). The system prompt states the task
+    and the answer format (the two tools come through ``info["tools"]`` and the chat
+    template); the user prompt is the question.
 
 Action Space:
     The assistant's text: tool calls in the env's ``tool_parser`` format, or a final
@@ -78,7 +79,7 @@ import numpy as np
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.corpus import CORPUS_SEED, RELATIONS, Entity, World, build_world
-from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, format_call, tool, tools_prompt
+from turnrl.tools import ParseResult, Tool, ToolCall, ToolResult, format_call, tool
 
 __all__ = ["Library", "Question", "RetrievalQAEnv", "is_correct", "make_question", "normalize_answer"]
 
@@ -89,7 +90,7 @@ CLOSE_MATCHES = 5
 ANSWER = re.compile(r"Answer:\s*([^\n]*)")
 FORMAT_REMINDER = 'Call search or open, or reply "Answer: <answer>".'
 EXAMPLE_CALL = ToolCall("search", {"query": "Zentrix"})
-"""The call the system prompt and the malformed-call feedback show."""
+"""The call the malformed-call feedback (and a renderer's ``tools_prompt()``) shows."""
 WEAK_FOLLOW_PROB, WEAK_CORRECT_PROB = 0.7, 0.5
 MAX_DRAWS = 10_000
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -230,11 +231,11 @@ class Library:
         return tool(self.search), tool(self.open)
 
 
-def system_prompt(tools: tuple[Tool, ...], tool_parser: str) -> str:
-    """The system message: the tool schemas, a call in the ``tool_parser`` format and the answer format."""
+def system_prompt() -> str:
+    """The system message: the task and the answer format (the tools come through the template)."""
     return (
-        "You answer questions about a fictional world by reading its encyclopedia.\n"
-        f"{tools_prompt(tools, tool_parser, EXAMPLE_CALL)}\n"
+        "You answer questions about a fictional world by reading its encyclopedia with the search and "
+        "open tools.\n"
         "Open documents by their exact title and follow the facts from one document to the next.\n"
         "When you know the answer, reply: Answer: <answer>"
     )
@@ -276,7 +277,7 @@ class RetrievalQAEnv(MultiTurnEnv):
         self._fixed_max_turns = max_turns is not None
         super().__init__(tool_parser=tool_parser, max_turns=2 * self.max_hops + 2 if max_turns is None else max_turns,
                          executors=executors, executor_options=executor_options)
-        self._system_prompt = system_prompt(self.tools, tool_parser)
+        self._system_prompt = system_prompt()
         self._opened: set[str] = set()
         self._searched = False
 

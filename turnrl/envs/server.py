@@ -16,7 +16,8 @@ Endpoints (JSON in, JSON out; ``REQUEST_SCHEMAS`` holds the body schemas):
   **{**server_kwargs, **kwargs})``: the request's kwargs override the server's (a client
   passes e.g. its agent's ``tool_parser``). 503 when ``max_sessions`` sessions are open.
 * ``POST /sessions/{id}/reset`` ``{"seed": int|null, "options": {...}}`` ->
-  ``{"observation": [messages], "info": {...}}``.
+  ``{"observation": [messages], "info": {...}}``; the info's ``tools`` are the episode's tool
+  schemas (``MultiTurnEnv.reset``).
 * ``POST /sessions/{id}/step`` ``{"action": str}`` -> ``{"observation", "reward",
   "terminated", "truncated", "info"}``.
 * ``POST /sessions/{id}/player`` ``{"player": "expert"|"weak"|"random", "rng_seed": int,

@@ -76,7 +76,7 @@ import numpy as np
 from gymnasium import spaces
 
 from turnrl.envs.adapters.text_gym import TextGymEnv
-from turnrl.envs.messages import CHARSET, MAX_CONTENT_CHARS
+from turnrl.envs.messages import TextSpace
 
 __all__ = ["GAMES", "GAMMA", "GameSpec", "ToyTextEnv", "ToyTextGame", "win_policy"]
 
@@ -196,7 +196,7 @@ class ToyTextGame(gymnasium.Env[str, str]):
         self.reward_mode = reward
         self.inner = gymnasium.make(game, **self.env_kwargs)
         self.base = self.inner.unwrapped
-        self.observation_space = spaces.Text(max_length=MAX_CONTENT_CHARS, min_length=0, charset=CHARSET)
+        self.observation_space = TextSpace()
         self.action_space = spaces.Text(max_length=MAX_ACTION_CHARS, min_length=1, charset=ACTION_CHARSET)
         P = getattr(self.base, "P", None)
         self.deterministic = (P is not None and all(len(t) == 1 for acts in P.values() for t in acts.values())
