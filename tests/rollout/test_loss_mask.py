@@ -29,15 +29,18 @@ def runs(traj: Trajectory, tokenizer):
     return out
 
 
-def content_spans(messages, tokenizer):
-    """Char span of each message's content in the template render of ``messages``."""
+def content_spans(messages, tokenizer, tools=None):
+    """Char span of each message's content in the template render of ``messages`` (and ``tools``)."""
     spans = []
     for i, message in enumerate(messages):
-        rendered = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        rendered = tokenizer.apply_chat_template(messages[: i + 1], tools=tools or None, tokenize=False)
         suffix = "\n</tool_response>" + END if message["role"] == "tool" else END  # a tool result's block
         end = len(rendered) - len(suffix)
-        assert rendered[end:] == suffix and rendered[end - len(message["content"]):end] == message["content"]
-        spans.append((end - len(message["content"]), end))
+        assert rendered[end:] == suffix
+        # the content ends its block; a system message's content comes before the tools block, if any
+        start = rendered.rfind(message["content"], 0, end) if message["content"] else end
+        assert start >= 0 and (message["role"] == "system" or start + len(message["content"]) == end)
+        spans.append((start, start + len(message["content"])))
     return spans
 
 
@@ -55,8 +58,9 @@ def assert_loss_only_on_sampled_tokens(traj: Trajectory, tokenizer):
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if not m)
 
     text = tokenizer.decode(traj.token_ids, skip_special_tokens=False)
-    assert text == tokenizer.apply_chat_template(traj.messages, tokenize=False)
-    spans = content_spans(traj.messages, tokenizer)
+    assert traj.segment_starts == [0]  # the tiny template preserves its prefix: one segment
+    assert text == tokenizer.apply_chat_template(traj.messages, tools=traj.tools or None, tokenize=False)
+    spans = content_spans(traj.messages, tokenizer, traj.tools)
     mask_runs = runs(traj, tokenizer)
     sampled_runs = [r for r in mask_runs if r[4] == 1]
     assert [(r[0], r[1]) for r in sampled_runs] == [tuple(s) for s in traj.turn_spans]  # turns never touch

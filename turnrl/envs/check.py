@@ -470,17 +470,18 @@ def _check_chat_roundtrip(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[st
     for split in splits:
         for seed in range(n):
             trajectory = scripted_episode(env, seed, renderer, split=split)
-            problems.extend(f"seed {seed} ({split}): {p}" for p in _roundtrip_problems(tokenizer, trajectory))
+            problems.extend(f"seed {seed} ({split}): {p}" for p in _roundtrip_problems(renderer, trajectory))
     if problems:
         raise CheckFailure(f"{len(problems)} round-trip problem(s): " + "; ".join(problems[:3]))
     return f"{n} seeds x {len(splits)} splits of expert episodes render token-exactly", ()
 
 
-def _roundtrip_problems(tokenizer: Any, trajectory: Any) -> list[str]:
-    """How a rendered episode's ids, or its re-encoded observation messages, miss their text."""
-    problems = []
-    decoded = tokenizer.decode(trajectory.token_ids, skip_special_tokens=False)
-    expected = tokenizer.apply_chat_template(trajectory.messages, tokenize=False)
+def _roundtrip_problems(renderer: Any, trajectory: Any) -> list[str]:
+    """How a rendered episode's ids (its last segment's), or its re-encoded observation messages,
+    miss their text (the chat template's render of the messages, with the env's tools)."""
+    problems, tokenizer = [], renderer.tokenizer
+    decoded = tokenizer.decode(trajectory.token_ids[trajectory.segment_starts[-1]:], skip_special_tokens=False)
+    expected = renderer.render(trajectory.messages, add_generation_prompt=False, tools=trajectory.tools)
     if decoded != expected:
         at = next((i for i, (x, y) in enumerate(zip(decoded, expected)) if x != y), min(len(decoded), len(expected)))
         problems.append(f"decoded ids differ from the chat template at char {at}: "

@@ -45,6 +45,7 @@ class Trajectory:
         env_id: the sub-env of a mixture that played the episode (``info["env_id"]`` at
             reset); None for a single env.
         segment_starts: ``[S]`` index in ``token_ids`` where each segment begins (``[0]``).
+        tools: the tools' JSON schemas the chat template was given (``[]`` for none).
     """
 
     token_ids: list[int]
@@ -66,16 +67,17 @@ class Trajectory:
     verifier_reward: float | None = None
     env_id: str | None = None
     segment_starts: list[int] = field(default_factory=lambda: [0])
+    tools: list[dict] = field(default_factory=list)
 
     @classmethod
     def from_conversation(cls, conv, turn_rewards: list[float], success: bool, group_id: int, task_id: str,
                           termination: Termination, **fields) -> "Trajectory":
         """The trajectory of a rendered ``turnrl.agents.renderer.Conversation``: its token-level
-        fields (ids, masks, logprobs, turn spans, segments, messages) shared, not copied."""
+        fields (ids, masks, logprobs, turn spans, segments, messages, tools) shared, not copied."""
         return cls(token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
                    turn_spans=conv.turn_spans, turn_rewards=turn_rewards, success=success, group_id=group_id,
                    task_id=task_id, termination=termination, messages=conv.messages,
-                   segment_starts=conv.segment_starts, **fields)
+                   segment_starts=conv.segment_starts, tools=conv.tools, **fields)
 
     @property
     def reward(self) -> float:
