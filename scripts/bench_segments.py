@@ -7,7 +7,8 @@ an episode go on in a new segment (``turnrl.agents.renderer``); where nothing is
 results, prefix-preserving templates) the episode stays one sequence. Peers that meet such
 templates train one sample per turn, each holding the whole history re-rendered. This script
 plays the same scripted episodes (the env's expert, its turns written with a thought block for
-thinking families) through the real renderer for each (family, env), and prints per step: turns
+thinking families) through the real renderer for each (family, env) (``qwen3_6+keep``: Qwen3.6's
+thought-preserving render, ``preserve_thinking=True``), and prints per step: turns
 and segments per episode, the learner's tokens with segments and with one sample per turn, their
 ratio, and the seconds of one forward + backward of a tiny model over each batch (median of 3).
 """
@@ -31,9 +32,11 @@ from turnrl.algorithms import collate, token_logprobs  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout.trajectory import Trajectory  # noqa: E402
 
-ENVS = {"guess_number (user feedback)": lambda: GuessNumberEnv(n=64, max_turns=8),
-        "calc_math (tool results)": lambda: CalcMathEnv(max_turns=6)}
-FAMILIES = ("qwen3", "qwen2_5", "gemma3")
+ENVS = {"guess_number (user feedback)": lambda parser: GuessNumberEnv(n=64, max_turns=8, tool_parser=parser),
+        "calc_math (tool results)": lambda parser: CalcMathEnv(max_turns=6, tool_parser=parser)}
+FAMILIES = {"qwen3": ("qwen3", {}), "qwen3_6": ("qwen3_6", {}),
+            "qwen3_6+keep": ("qwen3_6", {"preserve_thinking": True}),  # the keep-history render
+            "qwen2_5": ("qwen2_5", {}), "gemma3": ("gemma3", {})}
 
 
 def episode(env, seed: int, renderer: ChatRenderer) -> Trajectory:
@@ -45,7 +48,9 @@ def episode(env, seed: int, renderer: ChatRenderer) -> Trajectory:
     for turn in range(base.max_turns):
         text = base.expert_action()
         if renderer.format.thinking is not None and renderer.format.history == "raw":
-            text = f"<think>\nTurn {turn}: the expert's move is next.\n</think>\n\n{text}"
+            open_tag, close_tag = renderer.format.thinking
+            opened = conv.text.endswith(f"{open_tag}\n")  # the prompt opened the thought (Qwen3.5+)
+            text = f"{'' if opened else open_tag + chr(10)}Turn {turn}: the expert's move is next.\n{close_tag}\n\n{text}"
         ids = renderer.encode(text) + [renderer.tokenizer.eos_token_id]
         action = renderer.add_sampled(conv, ids, [0.0] * len(ids))
         obs, reward, terminated, truncated, _ = env.step(action)
@@ -90,19 +95,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.manual_seed(0)
     torch.set_num_threads(2)
     rows = []
-    print(f"{'family':9} {'env':29} {'turns':>5} {'segs':>5} {'tokens seg':>10} {'tokens turn':>11} "
+    print(f"{'family':13} {'env':29} {'turns':>5} {'segs':>5} {'tokens seg':>10} {'tokens turn':>11} "
           f"{'ratio':>6} {'s seg':>7} {'s turn':>7}")
-    for family in FAMILIES:
+    for label, (family, template_kwargs) in FAMILIES.items():
         tok = family_tokenizer(family)
         model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                                  intermediate_size=128), tok, seed=0)
-        renderer = ChatRenderer(tok)
+        renderer = ChatRenderer(tok, template_kwargs=template_kwargs)
         for env_name, make in ENVS.items():
-            env = make()
+            env = make(renderer.format.tool_parser)  # the expert writes calls in the family's format
             trajectories = [episode(env, seed, renderer) for seed in range(args.episodes)]
             tools = env.reset(seed=0)[1].get("tools", [])
             turns = [s for t in trajectories for s in per_turn(t, renderer, tools)]
-            row = {"family": family, "env": env_name,
+            row = {"family": label, "env": env_name,
                    "turns": sum(t.num_turns for t in trajectories) / len(trajectories),
                    "segments": sum(t.num_segments for t in trajectories) / len(trajectories),
                    "tokens_segments": sum(len(t.token_ids) for t in trajectories),
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    "seconds_per_turn": step_seconds(model, turns, tok.pad_token_id)}
             row["ratio"] = row["tokens_per_turn"] / row["tokens_segments"]
             rows.append(row)
-            print(f"{family:9} {env_name:29} {row['turns']:5.1f} {row['segments']:5.1f} {row['tokens_segments']:10d} "
+            print(f"{label:13} {env_name:29} {row['turns']:5.1f} {row['segments']:5.1f} {row['tokens_segments']:10d} "
                   f"{row['tokens_per_turn']:11d} {row['ratio']:5.2f}x {row['seconds_segments']:7.3f} "
                   f"{row['seconds_per_turn']:7.3f}")
     if args.json:

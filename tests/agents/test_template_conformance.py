@@ -62,10 +62,10 @@ def sampled_text(fmt, prompt: str, body: str, reasoning: str | None, call: bool)
     return text + body + fmt.end_of_turn[0]
 
 
-def run_episode(name: str, *, thinking: bool, trailing: str):
+def run_episode(name: str, *, thinking: bool, trailing: str, template_kwargs=None):
     tok = family_tokenizer(name)
     fmt = get_format(name)
-    r = renderer_module.ChatRenderer(tok, fmt, on_rewrite="segment")
+    r = renderer_module.ChatRenderer(tok, fmt, template_kwargs=template_kwargs, on_rewrite="segment")
     eot_ids = {tok.convert_tokens_to_ids(t) for t in fmt.end_of_turn}
     steps = [("call", "Let me compute. é\n", "I add 2 and 3."),
              ("tool", "5 (中文 🙂)", None),
@@ -93,8 +93,11 @@ def run_episode(name: str, *, thinking: bool, trailing: str):
             assert conv.text == before + sample
         else:
             role = "tool" if kind == "tool" else "user"
+            before = len(conv.segment_starts)
             r.add_observation(conv, [{"role": role, "content": text}], add_generation_prompt=True)
             check_segment(True)
+            if role == "tool" and "tool results stay in one segment" in fmt.notes:
+                assert len(conv.segment_starts) == before, f"{name}: a tool result started a segment"
     r.add_observation(conv, [], add_generation_prompt=False)
     # trajectory ids: sampled ids verbatim at their spans, loss_mask 1 exactly there
     assert [conv.token_ids[s:e] for s, e in conv.turn_spans] == sampled
@@ -136,6 +139,13 @@ def test_trimming_templates_start_a_segment_after_trailing_whitespace(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if get_format(n).thinking is not None])
 def test_thinking_families_keep_exact_ids_with_thoughts(name):
     run_episode(name, thinking=True, trailing="")
+
+
+def test_a_thinking_preserving_render_keeps_one_segment():
+    """qwen3_6 drops earlier thoughts at a new user message; preserve_thinking=True keeps them."""
+    _, _, dropping = run_episode("qwen3_6", thinking=True, trailing="")
+    _, _, keeping = run_episode("qwen3_6", thinking=True, trailing="", template_kwargs={"preserve_thinking": True})
+    assert len(dropping.segment_starts) >= 2 and keeping.segment_starts == [0]
 
 
 @pytest.fixture(scope="module")

@@ -58,16 +58,19 @@ def drop_last_char(text):
     return text[:-1]  # the closing tag (or the JSON's last brace) is cut
 
 
-@pytest.mark.parametrize("damage", [cut_in_half, broken_json, drop_last_char])
-@pytest.mark.parametrize("parser", ENV_PARSERS)
+RAW_STRINGS = ("qwen3_coder", "glm4", "pythonic", "gemma4")  # string arguments written raw: no JSON string to break
+DAMAGES = [(parser, damage) for parser in ENV_PARSERS for damage in (cut_in_half, broken_json, drop_last_char)
+           if not (damage is broken_json and parser in RAW_STRINGS)]
+
+
+@pytest.mark.parametrize("parser, damage", DAMAGES, ids=[f"{p}-{d.__name__}" for p, d in DAMAGES])
 @pytest.mark.parametrize("env_id", TOOL_ENVS)
 def test_a_malformed_call_is_told_with_the_reason_and_a_well_formed_call(env_id, parser, damage):
     env = make(env_id, parser)
     env.reset(seed=0)
     well_formed = format_call(env.example_call(), parser)
     action = damage(well_formed)
-    if action == well_formed:
-        pytest.skip(f"the {parser} format writes string arguments raw: no JSON string to break")
+    assert action != well_formed
     parse = get_parser(parser)(action)
     assert parse.status == "malformed"
     obs, reward, terminated, truncated, info = env.step(action)
@@ -99,9 +102,9 @@ def test_a_call_in_another_format_is_malformed_and_told(env_id, parser, written)
     action = format_call(env.example_call(), written)
     obs, reward, terminated, truncated, info = env.step(action)
     assert (info["parse_status"], info["parse_error"], info["tool_calls"]) == ("malformed", True, 0)
-    own = get_parser(parser)(action)  # hermes reads the <tool_call> blocks of qwen3_coder and glm4 as bad JSON
-    reason = own.error if own.status == "malformed" else (
-        f"the call is written in the {written} format, but this task reads calls in the {parser} format")
+    # (also where the env's parser takes the foreign markup for a broken call of its own: hermes reads
+    # the <tool_call> blocks of qwen3_coder and glm4 as bad JSON; the model is told the format to use)
+    reason = f"the call is written in the {written} format, but this task reads calls in the {parser} format"
     assert obs[0]["content"].startswith(f"{PARSE_ERROR_PREFIX}{reason}.\nWrite a call like this:\n")
     assert obs[0]["content"].endswith(format_call(env.example_call(), parser))
     assert reward == 0.0 and not terminated

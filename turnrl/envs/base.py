@@ -355,10 +355,12 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
 
     # ------------------------------------------------------------- tool calls
     def _read_calls(self, action: str) -> ParseResult:
-        """The parse of ``action``; a turn without calls in the env's format but with calls of its
-        tools in another format is ``malformed`` (the env cannot read them; the model is told)."""
+        """The parse of ``action``; a turn without well-formed calls in the env's format but with
+        calls of its tools in another format is ``malformed`` with a message naming that format
+        (the env cannot read them; the model is told which format to use), also where the env's
+        parser took the foreign markup for a broken call of its own."""
         parse = self._parse(action)
-        if parse.status != "absent" or not self._tools_by_name:
+        if parse.status == "ok" or not self._tools_by_name:
             return parse
         others = other_formats(action, self.tool_parser, self._tools_by_name)
         if not others:
