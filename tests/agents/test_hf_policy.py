@@ -142,3 +142,23 @@ def test_copy_of_merges_lora_adapters_and_takes_the_learners_weights_by_sync_fro
         policy.load_weights(learner.state_dict())  # unmerged adapter weights are refused, naming the fix
     with pytest.raises(ValueError, match="1 missing.*model.norm.weight"):
         policy.load_weights({n: t for n, t in policy.model.state_dict().items() if n != "model.norm.weight"})
+
+
+@pytest.mark.parametrize(("forced", "stops"), [("<|call|>", True), ("<|return|>", True), ("<|end|>", False)])
+def test_a_turn_ends_at_every_end_of_turn_token_of_the_family_and_no_other(forced, stops):
+    """gpt-oss ends a call turn with <|call|> and an answer with <|return|>; <|end|> closes a
+    channel inside a turn and must not stop it."""
+    from turnrl.agents import TinyModelConfig, build_tiny_model
+    from turnrl.agents.families import family_tokenizer
+
+    tok = family_tokenizer("gptoss")
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             intermediate_size=64), tok, seed=0)
+    target = tok.convert_tokens_to_ids(forced)
+    model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_fill(-1, torch.tensor([target]), 50.0))
+    gen = TransformersPolicy(model, tok, seed=0).generate([tok("hi", add_special_tokens=False)["input_ids"]],
+                                                          SamplingParams(max_new_tokens=4))[0]
+    if stops:
+        assert (gen.token_ids, gen.finish_reason) == ([target], "stop")
+    else:
+        assert (gen.token_ids, gen.finish_reason) == ([target] * 4, "length")

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from turnrl.agents.chat_format import turn_end_ids
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.tools.executors.loop import run_sync
 
@@ -185,7 +186,8 @@ class OpenAIPolicy:
         tokenizer: the policy's tokenizer. Text mode needs it (to decode prompts and
             re-tokenize replies); token mode uses its ``eos_token_id``.
         eos_token_id: the end-of-turn id, sent as ``stop_token_ids``; default
-            ``tokenizer.eos_token_id``. None: the server's own end-of-sequence.
+            ``tokenizer.eos_token_id`` with the other end-of-turn ids of the tokenizer's chat
+            format (``turn_end_ids``). None: the server's own end-of-sequence.
         parse_messages: text mode: prompt text -> chat messages (default ``parse_chatml``).
 
     Raises:
@@ -216,6 +218,9 @@ class OpenAIPolicy:
         self.max_concurrency = max_concurrency
         self.tokenizer = tokenizer
         self.eos_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        # every end-of-turn id of the tokenizer's chat format (gpt-oss: <|return|> and <|call|>)
+        self.stop_ids = ((self.eos_id,) if eos_token_id is not None or tokenizer is None
+                         else turn_end_ids(tokenizer)) if self.eos_id is not None else ()
         self.parse_messages = parse_messages or parse_chatml
         self.api_key_env = api_key_env
         key = os.environ.get(api_key_env, "") if api_key_env else ""
@@ -355,7 +360,7 @@ class OpenAIPolicy:
         }
         if self.eos_id is not None:  # stop at the end-of-turn id only, as TransformersPolicy does (a server
             # would otherwise also stop at every end id of the checkpoint's generation_config)
-            body["stop_token_ids"], body["ignore_eos"] = [int(self.eos_id)], True
+            body["stop_token_ids"], body["ignore_eos"] = [int(i) for i in self.stop_ids], True
         return body
 
     def chat_body(self, messages: list[dict], params: SamplingParams) -> dict:
@@ -419,7 +424,7 @@ class OpenAIPolicy:
         if finish not in ("stop", "length"):
             raise PolicyResponseError(f"{url} answered finish_reason={finish!r}; expected 'stop' or 'length'",
                                       url=url, status=200)
-        if finish == "stop" and self.eos_id is not None and ids[-1] != self.eos_id:
+        if finish == "stop" and self.eos_id is not None and ids[-1] not in self.stop_ids:
             raise PolicyResponseError(
                 f"{url} answered finish_reason='stop' but the token ids do not end with the end-of-turn id "
                 f"{self.eos_id} (stop_reason={choice.get('stop_reason')!r}); the turn cannot be kept token-exact. "

@@ -253,9 +253,10 @@ class PolicyServer(JSONServer):
         logprobs = _optional_int(body, "logprobs", 0, 1, "the server returns the sampled token's logprob only")
         stop_ids = body.get("stop_token_ids")
         if stop_ids is not None:
-            if not isinstance(stop_ids, list) or any(i != self.policy.eos_id for i in stop_ids):
-                raise _bad(f"stop_token_ids may only hold the end-of-turn id {self.policy.eos_id} (which always "
-                           f"stops), got {stop_ids!r}", "stop_token_ids")
+            ends = tuple(getattr(self.policy, "stop_ids", (self.policy.eos_id,)))
+            if not isinstance(stop_ids, list) or any(i not in ends for i in stop_ids):
+                raise _bad(f"stop_token_ids may only hold end-of-turn ids {list(ends)} (which always stop), got "
+                           f"{stop_ids!r}", "stop_token_ids")
         ignore_eos = _flag(body, "ignore_eos")
         if ignore_eos and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
             raise _bad("ignore_eos=true is only supported together with stop_token_ids=[end-of-turn id]: "
@@ -274,7 +275,7 @@ class PolicyServer(JSONServer):
                 "logprobs": None if logprobs is None else self._logprobs(gen, as_ids),
                 "finish_reason": gen.finish_reason,
                 # vLLM names the stop token that ended the turn, unless it stopped at the model's own eos
-                "stop_reason": self.policy.eos_id if gen.finish_reason == "stop" and ignore_eos else None,
+                "stop_reason": gen.token_ids[-1] if gen.finish_reason == "stop" and ignore_eos else None,
             }
             if with_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = list(gen.token_ids), list(prompt)
@@ -375,7 +376,8 @@ class PolicyServer(JSONServer):
 
     def _body(self, gen: Generation) -> list[int]:
         ids = gen.token_ids
-        return ids[:-1] if gen.finish_reason == "stop" and ids and ids[-1] == self.policy.eos_id else ids
+        ends = getattr(self.policy, "stop_ids", (self.policy.eos_id,))
+        return ids[:-1] if gen.finish_reason == "stop" and ids and ids[-1] in ends else ids
 
     def _logprobs(self, gen: Generation, as_ids: bool) -> dict:
         tokens = [f"token_id:{i}" if as_ids else self.tokenizer.decode([i], skip_special_tokens=False)
