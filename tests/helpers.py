@@ -1,9 +1,11 @@
 """Helpers several test files share: the generation contract every policy backend keeps, real
-servers run as subprocesses (a free port, start until it answers, stop its process group), and
-``missing_tool``, the one way a test says a tool of the machine is absent."""
+servers run as subprocesses (a free port, start until it answers, stop its process group),
+``missing_tool``, the one way a test says a tool of the machine is absent, and chat templates
+that rewrite history (``STRIPPING``, ``WINDOWED``, ``with_template``)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import signal
@@ -14,6 +16,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from turnrl.agents.tokenizer import CHAT_TEMPLATE
+
+STRIPPING = CHAT_TEMPLATE.replace("message['content']", "(message['content'] | trim)")
+"""The tiny model's template with every message's content trimmed (rewrites a turn with edge whitespace)."""
+WINDOWED = CHAT_TEMPLATE.replace("for message in messages", "for message in messages[-3:]")
+"""The tiny model's template keeping only the latest three messages (rewrites history every turn)."""
+
+
+def with_template(tokenizer, template):
+    """A copy of ``tokenizer`` with ``template`` as its chat template."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = template
+    return tok
 
 
 def learner_settings(**settings):

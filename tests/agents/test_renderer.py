@@ -1,26 +1,14 @@
 """ChatRenderer: ids stay exact; templates that rewrite rendered text go on in new segments."""
 
-import copy
-
 import pytest
 
 from turnrl.agents import ChatRenderer, TemplateMismatchError
 from turnrl.agents.chat_format import ChatFormat
 from turnrl.agents.tokenizer import CHAT_TEMPLATE
+from tests.helpers import STRIPPING, WINDOWED, with_template
 
 OPENING = [{"role": "system", "content": "You are playing a guessing game."},
            {"role": "user", "content": "Guess my number between 1 and 32. Reply with a number."}]
-
-STRIPPING = CHAT_TEMPLATE.replace("message['content']", "(message['content'] | trim)")
-# keeps only the latest three messages: earlier content disappears as the chat grows
-WINDOWED = CHAT_TEMPLATE.replace("for message in messages", "for message in messages[-3:]")
-
-
-def with_template(tokenizer, template):
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = template
-    return tok
-
 
 def encode(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -5,8 +5,6 @@ Real parts: the shared tiny Qwen2 (``policy_model``), ``TransformersPolicy``, re
 chat templates that rewrite history (a window over the latest messages; content trimming).
 """
 
-import copy
-
 import pytest
 import torch
 
@@ -17,21 +15,12 @@ from turnrl.algorithms.critic import Critic
 from turnrl.algorithms.segments import forward_segments, segment_index
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task
+from tests.helpers import STRIPPING, WINDOWED, with_template
 
 pytestmark = pytest.mark.slow
 
-WINDOWED = CHAT_TEMPLATE.replace("for message in messages", "for message in messages[-3:]")
-TRIMMED = CHAT_TEMPLATE.replace("message['content']", "(message['content'] | trim)")
-
-
-def with_template(tokenizer, template):
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = template
-    return tok
-
-
 def collect(model, tokenizer, template, seed=7, **collector_kwargs):
-    from tests.conftest import RecordingPolicy
+    from tests.conftest import RecordingPolicy  # the conftest's recording policy (a real TransformersPolicy)
 
     tok = with_template(tokenizer, template)
     policy = RecordingPolicy(model, tok, seed=seed)
@@ -64,7 +53,7 @@ def test_forward_segments_equals_each_segment_run_alone(tiny_model):
     assert float(out[1, 6:].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("template", [WINDOWED, TRIMMED], ids=["window", "trim"])
+@pytest.mark.parametrize("template", [WINDOWED, STRIPPING], ids=["window", "trim"])
 def test_learner_scores_segmented_rollouts_exactly_as_the_sampler_saw_them(policy_model, tokenizer, template):
     trajectories, policy, tok = collect(policy_model, tokenizer, template)
     assert all(t.num_turns >= 2 for t in trajectories)

@@ -50,7 +50,7 @@ class ChatFormat:
     tool_parser: str
     end_of_turn: tuple[str, ...]
     native_tools: bool = True
-    tool_role: Literal["tool", "user", "ipython"] = "tool"
+    tool_role: Literal["tool", "user"] = "tool"
     merge_roles: bool = False
     history: Literal["raw", "structured"] = "raw"
     thinking: tuple[str, str] | None = None

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from turnrl.agents.chat_format import ChatFormat, resolve
+from turnrl.tools.parsers import get_parser
+from turnrl.tools.prompt import tools_prompt
 
 
 class TemplateMismatchError(RuntimeError):
@@ -127,8 +129,6 @@ class ChatRenderer:
         """A sampled turn as a history message (``ChatFormat.history``)."""
         if self.format.history == "raw":
             return {"role": "assistant", "content": text}
-        from turnrl.tools import get_parser  # the tools package imports agents' siblings; keep it lazy
-
         parse = get_parser(self.format.tool_parser)(text)
         message: dict = {"role": "assistant", "content": parse.content}
         if self.format.thinking is not None:  # the thought is read off the raw text (a parser may drop it)
@@ -249,8 +249,6 @@ class ChatRenderer:
 
 def _with_tools_prompt(messages: list[dict], tools: list[dict], parser: str) -> list[dict]:
     """``messages`` with the tools described in the system message (templates without tools)."""
-    from turnrl.tools.prompt import tools_prompt  # lazy: turnrl.tools imports envs' helpers
-
     text = tools_prompt(tools, parser)
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]

@@ -171,16 +171,28 @@ def _decode_qwen(body: str, index: int) -> list[ToolCall] | str:
     name, inner = function.group(1).strip(), function.group(2)
     if (problem := _name_ok(name, index, "<function=calculator>")) is not None:
         return problem
+    return _tagged_arguments(_QWEN_PARAM, inner, name, index, " in <function=...>",
+                             "<parameter=KEY>\nVALUE\n</parameter>", _strip_one_newline)
+
+
+def _strip_one_newline(raw: str) -> str:
+    """A value written on lines of its own: one newline off each end."""
+    raw = raw[1:] if raw.startswith("\n") else raw
+    return raw[:-1] if raw.endswith("\n") else raw
+
+
+def _tagged_arguments(pattern: re.Pattern, inner: str, name: str, index: int, where: str, shape: str,
+                      clean=lambda raw: raw) -> list[ToolCall] | str:
+    """The call ``name`` whose arguments are ``pattern`` matches (key, raw value) filling ``inner``;
+    or what is wrong (text between them) and the ``shape`` to write each argument in."""
     arguments: dict[str, Any] = {}
     pos = 0
-    while (param := _QWEN_PARAM.match(inner, pos)) is not None:
-        raw = param.group(2)
-        raw = raw[1:] if raw.startswith("\n") else raw
-        arguments[param.group(1)] = _raw_value(raw[:-1] if raw.endswith("\n") else raw)
-        pos = param.end()
+    while (arg := pattern.match(inner, pos)) is not None:
+        arguments[arg.group(1)] = _raw_value(clean(arg.group(2)))
+        pos = arg.end()
     if inner[pos:].strip():
-        return (f"tool call {index} ({name}): unexpected text {inner[pos:].strip()[:40]!r} in <function=...>; "
-                "write each argument as <parameter=KEY>\nVALUE\n</parameter>")
+        return (f"tool call {index} ({name}): unexpected text {inner[pos:].strip()[:40]!r}{where}; write each "
+                f"argument as {shape}")
     return [ToolCall(name, arguments)]
 
 
@@ -428,15 +440,7 @@ def _decode_glm4(body: str, index: int) -> list[ToolCall] | str:
     name = name.strip()
     if "\n" in name or "<" in name:
         return f"tool call {index}: the name must be one line before the arguments; write {_GLM_SHAPE}"
-    arguments: dict[str, Any] = {}
-    pos = 0
-    while (arg := _GLM_ARG.match(inner, pos)) is not None:
-        arguments[arg.group(1)] = _raw_value(arg.group(2))
-        pos = arg.end()
-    if inner[pos:].strip():
-        return (f"tool call {index} ({name}): unexpected text {inner[pos:].strip()[:40]!r}; write each argument "
-                "as <arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>")
-    return [ToolCall(name, arguments)]
+    return _tagged_arguments(_GLM_ARG, inner, name, index, "", "<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>")
 
 
 @register_formatter("glm4")
