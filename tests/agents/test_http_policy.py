@@ -75,7 +75,7 @@ def test_collector_episode_over_http_is_token_exact(server, served_model, tokeni
             renderer.add_observation(conv, [] if done else list(obs), add_generation_prompt=not done)
         assert conv.token_ids == traj.token_ids and conv.loss_mask == traj.loss_mask
         assert tokenizer.decode(traj.token_ids, skip_special_tokens=False) == \
-            tokenizer.apply_chat_template(traj.messages, tokenize=False)
+            tokenizer.apply_chat_template(traj.messages, tools=traj.tools or None, tokenize=False)
     assert finishes == {"stop", "length"}
     batch = collate(trajectories, tokenizer.pad_token_id)
     with torch.no_grad():

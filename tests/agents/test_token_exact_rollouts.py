@@ -53,7 +53,8 @@ def test_trajectory_ids_decode_to_chat_template_render_of_messages(rollouts, tok
     for traj in trajectories:
         assert traj.termination in ("terminated", "truncated")
         text = tokenizer.decode(traj.token_ids, skip_special_tokens=False)
-        assert text == tokenizer.apply_chat_template(traj.messages, tokenize=False)
+        assert traj.segment_starts == [0]  # the tiny template preserves its prefix: one segment
+        assert text == tokenizer.apply_chat_template(traj.messages, tools=traj.tools or None, tokenize=False)
         assert sum(m["role"] == "assistant" for m in traj.messages) == traj.num_turns
 
 

@@ -201,7 +201,7 @@ def test_multi_turn_rollouts_through_the_collector_match_the_learner(policy, vmo
     for traj in trajectories:
         assert traj.termination in ("terminated", "truncated") and traj.num_turns >= 2
         assert tokenizer.decode(traj.token_ids, skip_special_tokens=False) == \
-            tokenizer.apply_chat_template(traj.messages, tokenize=False)
+            tokenizer.apply_chat_template(traj.messages, tools=traj.tools or None, tokenize=False)
         for start, end in traj.turn_spans:
             assert traj.loss_mask[start:end] == [1] * (end - start)
     batch = collate(trajectories, tokenizer.pad_token_id)

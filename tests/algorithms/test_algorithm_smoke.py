@@ -134,10 +134,10 @@ def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny
     targets = mixed_batch.rewards[:, None] * mixed_batch.loss_mask
     zero_adv = torch.zeros_like(mixed_batch.loss_mask)  # no policy gradient: only the value loss moves weights
     losses = []
-    for _ in range(25):
+    for _ in range(40):
         batch = dataclasses.replace(mixed_batch, values=learner.values(mixed_batch))
         losses.append(learner.update(batch, zero_adv, returns=targets)["value_loss"])
-    assert losses[-1] < 0.5 * losses[0]
+    assert losses[-1] < 0.5 * losses[0], losses
     # the value loss reached the shared backbone: the policy's logprobs changed although A = 0
     before = learner.logprobs(mixed_batch)
     fresh = Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig()).logprobs(mixed_batch)

@@ -79,7 +79,7 @@ def test_env_raising_in_step_ends_only_its_own_episode(policy_model, tokenizer, 
     assert not broken.success
     # the failed episode's conversation is closed cleanly: ids still render its messages
     assert tokenizer.decode(broken.token_ids, skip_special_tokens=False) == tokenizer.apply_chat_template(
-        broken.messages, tokenize=False)
+        broken.messages, tools=broken.tools or None, tokenize=False)
     assert broken.messages[-1]["role"] == "assistant"
     for t in others:
         assert t.termination in ("terminated", "truncated") and t.error is None
@@ -112,5 +112,5 @@ def test_episode_over_context_budget_ends_with_context_length(policy_model, toke
         assert len(t.turn_rewards) == len(t.state_keys) == 1
         # the ids end with the next generation prompt (never sampled)
         assert tokenizer.decode(t.token_ids, skip_special_tokens=False) == tokenizer.apply_chat_template(
-            t.messages, tokenize=False, add_generation_prompt=True)
+            t.messages, tools=t.tools or None, tokenize=False, add_generation_prompt=True)
     assert rollout_metrics(trajectories)["context_limit_rate"] == 1.0
