@@ -152,15 +152,16 @@ def env_ids_in_tiers() -> list:
 
 def varied_prompts(renderer, tokenizer, guess_kwargs: dict | None = None) -> list[list[int]]:
     """Prompts of clearly different lengths: a GuessNumber opening, a later GuessNumber turn and
-    a (long) CalcMath opening (``guess_kwargs`` are GuessNumberEnv's)."""
+    a (long: its tools block) CalcMath opening (``guess_kwargs`` are GuessNumberEnv's)."""
     from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
     guess, _ = GuessNumberEnv(**(guess_kwargs or {})).reset(seed=3)
-    calc, _ = CalcMathEnv().reset(seed=3)
+    calc, calc_info = CalcMathEnv().reset(seed=3)
     later = renderer.start(list(guess))
     ids = tokenizer("16", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     renderer.add_sampled(later, ids, [0.0] * len(ids))
     renderer.add_observation(later, [{"role": "user", "content": "higher"}], add_generation_prompt=True)
-    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc)).token_ids, later.token_ids]
+    out = [renderer.start(list(guess)).token_ids, renderer.start(list(calc), tools=calc_info["tools"]).token_ids,
+           later.token_ids]
     assert len({len(p) for p in out}) == 3
     return out
