@@ -1,7 +1,8 @@
 """README.md and docs/*.md say only what is true of the code, without running anything slow.
 
 Every relative link (and its #anchor) resolves; every ```python block compiles; every command
-in a ```bash block parses: ``python -m turnrl SUB ...`` with the real argparse parser,
+in a ```bash block parses: ``python -m turnrl SUB ...`` with the real argparse parser (for
+``bench --suite``, the suite is loaded and its cells' overrides composed),
 ``python -m turnrl.train ...`` (also under ``accelerate launch``) composed by Hydra against
 the schema, ``python -m turnrl.bench ...`` with its own parser, ``make TARGET`` against the
 Makefile; and every config key, repository path and ``turnrl.`` name written in inline code
@@ -239,7 +240,9 @@ def check_command(argv: list[str]) -> None:
     if module == "turnrl":
         from turnrl.cli import _parser
 
-        _parser().parse_args(args)  # exits (fails the test) on an unknown subcommand or option
+        parsed = _parser().parse_args(args)  # exits (fails the test) on an unknown subcommand or option
+        if parsed.command == "bench":
+            check_suite(parsed)
     elif module == "turnrl.train":
         if any(a.startswith("hydra.searchpath") for a in args):
             return  # composed with the user's config folder: run for real by test_readme_example.py
@@ -271,6 +274,16 @@ def check_bench(args: list[str]) -> None:
         compose_overrides([*seen["overrides"], *extra])
 
 
+def check_suite(args) -> None:
+    """``turnrl bench --suite``: the suite and the selection exist, and each env's first cell
+    composes with the command's overrides."""
+    from turnrl.bench_suite import load_suite
+
+    suite = load_suite(args.suite).select(args.envs, args.methods, args.seeds)
+    for env in suite.envs:
+        compose_overrides([*suite.shared, *env.overrides, *suite.methods[0].overrides, *args.overrides])
+
+
 @pytest.mark.parametrize("item", all_commands(), ids=command_id)
 def test_every_command_in_a_bash_block_parses(item):
     page, argv = item
@@ -300,5 +313,9 @@ def test_the_command_check_catches_wrong_ones():
         check_command(["python", "-m", "turnrl.train", "trainer.stepz=1"])
     with pytest.raises(Exception):
         check_command(["python", "-m", "turnrl.train", "-m", "algorithm=grpo,no_such_algorithm"])
+    with pytest.raises(Exception, match="no method"):
+        check_command(["python", "-m", "turnrl", "bench", "--suite", "credit", "--methods", "no_such_method"])
+    with pytest.raises(Exception, match="stepz"):
+        check_command(["python", "-m", "turnrl", "bench", "--suite", "credit", "--", "trainer.stepz=1"])
     with pytest.raises(AssertionError, match="no such Makefile target"):
         check_command(["make", "trian"])

@@ -5,8 +5,9 @@ Read statically (``ast``, no imports, well under a second): a test *runs* someth
 body, or a module-level function, fixture or class it names (through its arguments or calls,
 followed transitively, conftest.py fixtures included), calls
 
-- the trainer (``turnrl.trainer.train``, the ``turnrl.train`` / ``turnrl.bench`` entry points,
-  a ``python -m turnrl.train`` command) or starts a server (``spawn_policy_server``,
+- the trainer (``turnrl.trainer.train``, the ``turnrl.train`` / ``turnrl.bench`` /
+  ``turnrl.bench_suite`` entry points, a ``python -m turnrl.train`` command) or starts a
+  server (``spawn_policy_server``,
   ``start_server``, ``serve-env`` / ``serve-policy`` / ``turnrl.tools.serve`` / a vLLM server
   command): then it must be marked ``e2e`` and ``slow``;
 - a vLLM engine, a docker engine (``connect``), or a new interpreter of this Python
@@ -23,7 +24,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 # qualified names (module.attr as imported) whose call means an end-to-end run
-E2E_CALLS = {"turnrl.trainer.train", "turnrl.train.main", "turnrl.bench.main",
+E2E_CALLS = {"turnrl.trainer.train", "turnrl.train.main", "turnrl.bench.main", "turnrl.bench_suite.main",
+             "turnrl.bench_suite.run_suite", "turnrl.bench.train_cell", "turnrl.bench_suite.train_cell",
              "turnrl.agents.policy_server.spawn_policy_server", "tests.helpers.start_server"}
 # argv strings of an end-to-end run (trainer CLI, servers)
 E2E_STRINGS = {"turnrl.train", "turnrl-train", "serve-env", "serve-policy", "turnrl.tools.serve",

@@ -29,12 +29,33 @@ from turnrl.bench_report import RunRecord, html_report, markdown_table, plot
 from turnrl.conf.schema import register_configs
 
 
-def compose_run(algorithm: str, seed: int, overrides: Sequence[str]):
-    """The composed ``Config`` of one grid cell (fails at once on a bad override)."""
+def compose_config(overrides: Sequence[str]):
+    """The ``Config`` composed from ``overrides`` (in order: a later value of a key wins); raises
+    Hydra's error at once on a bad override."""
     register_configs()
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"algorithm={algorithm}", f"seed={seed}", *overrides])
+        cfg = compose(config_name="config", overrides=list(overrides))
     return OmegaConf.to_object(cfg)
+
+
+def compose_run(algorithm: str, seed: int, overrides: Sequence[str]):
+    """The composed ``Config`` of one grid cell (fails at once on a bad override)."""
+    return compose_config([f"algorithm={algorithm}", f"seed={seed}", *overrides])
+
+
+def train_cell(cfg, run_dir: str | Path, label: str, env: str = "") -> RunRecord:
+    """Train one run of a benchmark (``turnrl.trainer.train``) and return its record: held-out
+    success before and after, the evaluations, wall time, and what it sampled (episodes, and
+    generated tokens: per step the mean per episode times the episodes)."""
+    from turnrl.trainer import train
+
+    start = time.perf_counter()
+    result = train(cfg, run_dir)
+    return RunRecord(label, cfg.seed, result.before, result.after, [(step, m["success"]) for step, m in result.evals],
+                     time.perf_counter() - start, str(run_dir), env=env,
+                     episodes_per_step=cfg.trainer.tasks_per_step * cfg.trainer.group_size,
+                     sampled_episodes=round(sum(m["episodes"] for m in result.train)),
+                     sampled_tokens=round(sum(m["gen_tokens"] * m["episodes"] for m in result.train)))
 
 
 def run_grid(algorithms: Sequence[str], seeds: Sequence[int], overrides: Sequence[str], out: str | Path,
@@ -45,8 +66,6 @@ def run_grid(algorithms: Sequence[str], seeds: Sequence[int], overrides: Sequenc
         variants: named extra overrides; each algorithm and seed runs once per variant (None:
             once, unlabelled).
     """
-    from turnrl.trainer import train
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = variants or {"": []}
@@ -56,11 +75,7 @@ def run_grid(algorithms: Sequence[str], seeds: Sequence[int], overrides: Sequenc
     for algorithm, variant, seed, cfg in tqdm(configs, desc="bench", unit="run", disable=not progress):
         label = f"{algorithm} [{variant}]" if variant else algorithm
         run_dir = out / algorithm / variant / f"seed{seed}" if variant else out / algorithm / f"seed{seed}"
-        start = time.perf_counter()
-        result = train(cfg, run_dir)
-        records.append(RunRecord(label, seed, result.before, result.after,
-                                 [(step, m["success"]) for step, m in result.evals],
-                                 time.perf_counter() - start, str(run_dir)))
+        records.append(train_cell(cfg, run_dir, label))
         (out / "bench.json").write_text(json.dumps([asdict(r) for r in records], indent=1))
     (out / "table.md").write_text(markdown_table(records) + "\n")
     plot(records, out / "curves.png")

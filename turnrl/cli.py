@@ -1,14 +1,16 @@
 """The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
-``serve-env <env-id>``, ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR``
-(a tiny random-init checkpoint of a real architecture with its family's chat template) and
-``build-docker-image`` (the docker executor's default image, built locally).
+``bench --suite NAME`` (a benchmark suite: ``turnrl.bench_suite``), ``serve-env <env-id>``,
+``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR`` (a tiny random-init
+checkpoint of a real architecture with its family's chat template) and ``build-docker-image``
+(the docker executor's default image, built locally).
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
 Exit codes: 0 success (every check passed; ``serve-env`` stopped by SIGINT/SIGTERM), 1 a
 check failed (or ``serve-env`` could not bind its address), 2 a usage error (bad arguments,
-an unknown env id, kwargs the env rejects, or a server without a token on an address other
-than loopback: see ``--token-env``).
+an unknown env id, kwargs the env rejects, a bad suite or suite config, or a server without a
+token on an address other than loopback: see ``--token-env``), 130 ``bench`` interrupted
+(its finished runs are kept; the same command goes on).
 """
 
 from __future__ import annotations
@@ -77,6 +79,26 @@ def _parser() -> argparse.ArgumentParser:
     baselines.add_argument("--episodes", type=_positive_int, default=200, help="episodes per player (default 200)")
     baselines.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
     baselines.set_defaults(run=_baselines)
+
+    bench = commands.add_parser(
+        "bench", help="run a benchmark suite (envs x methods x seeds) and report it with 95%% intervals",
+        description="Train every (env, method, seed) of a suite (turnrl/conf/suite/NAME.yaml) with equal sample "
+                    "budgets, skipping runs the out dir holds finished (rerun the same command to resume), and "
+                    "write results.csv, summary.csv, table.md, curves.png and report.html into --out: final "
+                    "held-out success and AUC with 95% bootstrap intervals over seeds, seed-paired differences "
+                    "against the suite's baseline, episodes to its success threshold, tokens and wall time. "
+                    "(python -m turnrl.bench runs a one-env algorithm grid instead.)",
+    )
+    bench.add_argument("--suite", required=True,
+                       help="a suite name in turnrl/conf/suite (e.g. credit) or a suite YAML path")
+    bench.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: the suite's)")
+    bench.add_argument("--envs", nargs="+", default=None, metavar="ENV", help="the suite's envs to run (default: all)")
+    bench.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                       help="the suite's methods to run (default: all; the baseline always runs)")
+    bench.add_argument("--out", default=None, help="output folder (default ./bench-SUITE); rerun into it to resume")
+    bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
+    bench.add_argument("overrides", nargs="*", help="Hydra overrides of every run, after -- (applied last)")
+    bench.set_defaults(run=_bench)
 
     serve = commands.add_parser(
         "serve-env", help="serve an env over HTTP for RemoteEnv / env.url",
@@ -193,6 +215,12 @@ def _baselines(args: argparse.Namespace) -> int:
         rows += measure_all([env_id], episodes=args.episodes, split=args.split)
     print(format_table(rows))
     return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from turnrl.bench_suite import run_from_args  # imports Hydra and, to train, torch
+
+    return run_from_args(args)
 
 
 def _serve_env(args: argparse.Namespace) -> int:

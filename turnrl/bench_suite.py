@@ -1,0 +1,429 @@
+"""``python -m turnrl bench --suite credit``: a benchmark suite defined as data, run cell by
+cell, resumable, and reported with intervals over seeds.
+
+A suite (``turnrl/conf/suite/NAME.yaml``, format in ``credit.yaml``) names envs, methods (an
+algorithm config plus overrides), seeds, a baseline method and a success threshold. Every
+(env, method, seed) is a *cell*: one ``turnrl.trainer.train`` run in ``OUT/ENV/METHOD/seedN``.
+``plan_cells`` composes and validates every cell's config before any trains, and checks that
+the methods of an env share the sample budget and the evaluation. ``run_suite`` trains the
+cells not finished yet (a finished cell holds ``bench_record.json``; a rerun of the same command
+skips it), then writes into the out dir:
+
+- ``results.csv``: one row per run, every figure (``turnrl.bench_report.RUN_COLUMNS``);
+- ``summary.csv``: one row per (env, method): means, interval bounds, medians;
+- ``table.md``: per env, per method: final held-out success, the paired difference against the
+  baseline, episodes to the threshold, AUC (intervals: ``turnrl.bench_stats``), tokens, wall time;
+- ``curves.png``: per env a panel, mean held-out success vs sampled episodes per method with a
+  pointwise 95% bootstrap band;
+- ``report.html``: all of it on one self-contained page, with every run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import yaml
+from tqdm.auto import tqdm
+
+from turnrl.bench import compose_config, train_cell
+from turnrl.bench_report import (RUN_COLUMNS, RunRecord, plot_panels, run_rows, suite_html, suite_table,
+                                 summary_csv_rows, write_csv)
+from turnrl.bench_stats import MethodSummary, pointwise_band, summarize
+from turnrl.conf.schema import Config
+
+CONF = Path(__file__).resolve().parent / "conf"
+SUITES = CONF / "suite"
+# file a finished cell's run dir holds: its RunRecord and the config it ran
+RECORD_FILE = "bench_record.json"
+# trainer fields every method of an env must share: the sample budget (steps x tasks_per_step x
+# group_size episodes) and the held-out evaluation the figures are read from
+BUDGET_KEYS = ("steps", "tasks_per_step", "group_size", "eval_every", "eval_episodes")
+TOP_KEYS = ("shared", "seeds", "baseline", "threshold", "envs", "methods")
+NAME = re.compile(r"[A-Za-z0-9][\w-]*")
+BAND_CAPTION = "band: pointwise 95% bootstrap interval of the mean over seeds"
+
+
+class SuiteError(ValueError):
+    """A suite file, a selection or a cell's config that cannot run (the message says why and
+    how to fix it)."""
+
+
+@dataclass(frozen=True)
+class SuiteEnv:
+    """An env of the suite: its Hydra overrides (``env=NAME`` among them) and success threshold."""
+
+    name: str
+    overrides: tuple[str, ...]
+    threshold: float
+
+
+@dataclass(frozen=True)
+class SuiteMethod:
+    """A method: an algorithm config (``algorithm=NAME`` among the overrides) plus overrides."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+    @property
+    def algorithm(self) -> str:
+        """The algorithm config the method runs (its last ``algorithm=`` override)."""
+        return [o.split("=", 1)[1] for o in self.overrides if _key(o) == "algorithm"][-1]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite as its file states it (see ``turnrl/conf/suite/credit.yaml``)."""
+
+    name: str
+    envs: tuple[SuiteEnv, ...]
+    methods: tuple[SuiteMethod, ...]
+    seeds: tuple[int, ...]
+    # the method paired differences are taken against; one of methods
+    baseline: str
+    # overrides of every cell, before the env's and the method's
+    shared: tuple[str, ...] = ()
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """Env name -> its success threshold."""
+        return {e.name: e.threshold for e in self.envs}
+
+    def select(self, envs: Sequence[str] | None = None, methods: Sequence[str] | None = None,
+               seeds: Sequence[int] | None = None) -> Suite:
+        """The suite cut down to some envs, methods or seeds (None: all of the file's). The
+        baseline always stays, for the paired differences; order is the file's.
+
+        Raises:
+            SuiteError: On a name the suite does not hold, or no seeds.
+        """
+        for kind, chosen, have in (("env", envs, [e.name for e in self.envs]),
+                                   ("method", methods, [m.name for m in self.methods])):
+            unknown = sorted(set(chosen or ()) - set(have))
+            if unknown:
+                raise SuiteError(f"suite {self.name!r} has no {kind} {unknown}; its {kind}s: {have}")
+        if seeds is not None and not seeds:
+            raise SuiteError("--seeds needs at least one seed")
+        keep = None if methods is None else {*methods, self.baseline}
+        return replace(self, envs=tuple(e for e in self.envs if envs is None or e.name in envs),
+                       methods=tuple(m for m in self.methods if keep is None or m.name in keep),
+                       seeds=self.seeds if seeds is None else tuple(dict.fromkeys(seeds)))
+
+
+@dataclass
+class Cell:
+    """One (env, method, seed) of a suite: its composed config, its run dir, and its record if
+    it has finished already."""
+
+    env: str
+    method: str
+    seed: int
+    cfg: Config
+    run_dir: Path
+    record: RunRecord | None = field(default=None)
+
+
+# ------------------------------------------------------------------------- the suite file
+def suite_path(suite: str | Path) -> Path:
+    """The file of a suite: a name in ``turnrl/conf/suite`` (``credit``) or a YAML path.
+
+    Raises:
+        SuiteError: When neither exists (the message lists the built-in suites).
+    """
+    path = Path(suite)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    if NAME.fullmatch(str(suite)) and (SUITES / f"{suite}.yaml").is_file():
+        return SUITES / f"{suite}.yaml"
+    raise SuiteError(f"no suite {str(suite)!r}: give a suite name ({', '.join(available_suites())}) or the path of "
+                     "a suite YAML file")
+
+
+def available_suites() -> list[str]:
+    """The names of the suites in ``turnrl/conf/suite``."""
+    return sorted(p.stem for p in SUITES.glob("*.yaml"))
+
+
+def load_suite(suite: str | Path) -> Suite:
+    """Read and check a suite file (``suite_path`` finds it; ``parse_suite`` checks it)."""
+    path = suite_path(suite)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise SuiteError(f"{path}: not valid YAML: {e}") from e
+    return parse_suite(data, path.stem, str(path))
+
+
+def parse_suite(data: object, name: str, source: str = "<suite>") -> Suite:
+    """A ``Suite`` from a suite file's parsed YAML, checked: types, names, every ``env=`` and
+    ``algorithm=`` naming a config that exists, a baseline among the methods, no seed or
+    env/algorithm choice where it does not belong.
+
+    Raises:
+        SuiteError: Naming the file, the entry and what to write instead.
+    """
+    def fail(message: str) -> SuiteError:
+        return SuiteError(f"{source}: {message}")
+
+    if not isinstance(data, dict):
+        raise fail(f"a suite file is a mapping with keys {list(TOP_KEYS)}, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise fail(f"unknown keys {unknown}; a suite has {list(TOP_KEYS)}")
+    missing = [k for k in ("seeds", "baseline", "threshold", "envs", "methods") if k not in data]
+    if missing:
+        raise fail(f"missing keys {missing}")
+    shared = _overrides(data.get("shared") or [], "shared", fail)
+    _refuse(shared, ("seed", "env", "algorithm"), "shared", "set them per env, per method, or with --seeds", fail)
+    seeds = data["seeds"]
+    if (not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds)
+            or len(set(seeds)) != len(seeds)):
+        raise fail(f"seeds must be a non-empty list of distinct integers, got {seeds!r}")
+    threshold = _threshold(data["threshold"], "threshold", fail)
+
+    envs = []
+    for env_name, entry in _entries(data["envs"], "envs", fail):
+        env_threshold = threshold
+        if isinstance(entry, dict):
+            extra = sorted(set(entry) - {"overrides", "threshold"})
+            if extra or "overrides" not in entry:
+                raise fail(f"envs.{env_name}: a mapping entry has keys overrides (required) and threshold, got "
+                           f"{sorted(entry)}")
+            env_threshold = _threshold(entry.get("threshold", threshold), f"envs.{env_name}.threshold", fail)
+            entry = entry["overrides"]
+        overrides = _overrides(entry, f"envs.{env_name}", fail)
+        _refuse(overrides, ("seed", "algorithm"), f"envs.{env_name}", "seeds and methods are the suite's own", fail)
+        choices = [o.split("=", 1)[1] for o in overrides if _key(o) == "env"]
+        if not choices:
+            raise fail(f"envs.{env_name}: choose the env's config with env=NAME, one of {_configs('env')}")
+        _config_exists("env", choices[-1], f"envs.{env_name}", fail)
+        envs.append(SuiteEnv(env_name, overrides, env_threshold))
+
+    methods = []
+    for method_name, entry in _entries(data["methods"], "methods", fail):
+        overrides = _overrides(entry or [], f"methods.{method_name}", fail)
+        _refuse(overrides, ("seed", "env"), f"methods.{method_name}",
+                "a method runs on every env with every seed", fail)
+        if not any(_key(o) == "algorithm" for o in overrides):
+            overrides = (f"algorithm={method_name}", *overrides)
+        method = SuiteMethod(method_name, overrides)
+        _config_exists("algorithm", method.algorithm, f"methods.{method_name}", fail)
+        methods.append(method)
+
+    baseline = data["baseline"]
+    if baseline not in [m.name for m in methods]:
+        raise fail(f"baseline {baseline!r} is not one of the methods {[m.name for m in methods]}; the paired "
+                   "differences are taken against it")
+    return Suite(name, tuple(envs), tuple(methods), tuple(seeds), baseline, shared)
+
+
+def _key(override: str) -> str:
+    """The key an override sets: ``trainer.steps`` of ``+trainer.steps=3``, ``env`` of ``env=x``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _entries(value: object, where: str, fail) -> list[tuple[str, object]]:
+    if not isinstance(value, dict) or not value:
+        raise fail(f"{where} must be a non-empty mapping of name: overrides, got {value!r}")
+    for name in value:
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise fail(f"{where}: {name!r} is no valid name (letters, digits, _ or -; it names a folder)")
+    return list(value.items())
+
+
+def _overrides(value: object, where: str, fail) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(o, str) and ("=" in o or o.startswith("~")) for o in value):
+        raise fail(f"{where} must be a list of Hydra overrides (key=value strings), got {value!r}")
+    return tuple(value)
+
+
+def _refuse(overrides: Sequence[str], keys: Sequence[str], where: str, why: str, fail) -> None:
+    bad = [o for o in overrides if _key(o) in keys]
+    if bad:
+        raise fail(f"{where} may not set {' or '.join(keys)} ({bad}): {why}")
+
+
+def _threshold(value: object, where: str, fail) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise fail(f"{where} must be a held-out success rate in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _configs(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _config_exists(group: str, name: str, where: str, fail) -> None:
+    if not (CONF / group / f"{name}.yaml").is_file():
+        raise fail(f"{where}: no {group} config {name!r} (turnrl/conf/{group}/{name}.yaml); the {group} configs: "
+                   f"{_configs(group)}")
+
+
+# ------------------------------------------------------------------------- planning
+def plan_cells(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> list[Cell]:
+    """Every cell of ``suite`` (env, then method, then seed), its config composed and validated,
+    and its record loaded when ``out`` holds it finished: all before any training.
+
+    Args:
+        suite: the suite (``load_suite``, maybe ``select``-ed).
+        out: the output folder.
+        overrides: the command line's overrides, last (they apply to every cell).
+
+    Raises:
+        SuiteError: On a config that does not compose or validate (naming the cell), methods of
+            one env with different sample budgets or evaluations, or a finished run in ``out``
+            whose config differs from its cell's now.
+    """
+    from turnrl.conf.validate import validate
+    from turnrl.run import config_changes
+
+    _refuse(overrides, ("seed", "env", "algorithm"), "the command line's overrides",
+            "use --seeds, --envs, --methods or the suite file", SuiteError)
+    out = Path(out)
+    cells = []
+    for env in suite.envs:
+        budgets: dict[tuple, list[str]] = {}
+        for method in suite.methods:
+            try:  # composed once per (env, method): the seeds' configs differ in seed alone (no interpolation)
+                composed = compose_config([*suite.shared, *env.overrides, *method.overrides, f"seed={suite.seeds[0]}",
+                                           *overrides])
+                validate(composed)
+            except Exception as e:  # Hydra's and validate's errors, with the cell they are about
+                raise SuiteError(f"env {env.name}, method {method.name}: {e}") from e
+            for seed in suite.seeds:
+                where = f"env {env.name}, method {method.name}, seed {seed}"
+                cfg = copy.deepcopy(composed)
+                cfg.seed = seed
+                budgets.setdefault(tuple(getattr(cfg.trainer, k) for k in BUDGET_KEYS), []).append(method.name)
+                cell = Cell(env.name, method.name, seed, cfg, out / env.name / method.name / f"seed{seed}")
+                saved = _read_record(cell.run_dir)
+                if saved is not None:
+                    changed = config_changes(saved["config"], cfg)
+                    if changed:
+                        raise SuiteError(f"{where}: {cell.run_dir} holds a finished run whose config differs in "
+                                         f"{changed}; use another --out, or delete that folder to run it again")
+                    cell.record = saved["record"]
+                cells.append(cell)
+        if len(budgets) > 1:
+            shown = "; ".join(f"{sorted(set(names))}: " + ", ".join(f"trainer.{k}={v}" for k, v in zip(BUDGET_KEYS, b))
+                              for b, names in budgets.items())
+            raise SuiteError(f"env {env.name}: the methods differ in sample budget or evaluation ({shown}); set "
+                             "those in shared or in the env's overrides, not in a method's")
+    return cells
+
+
+def _read_record(run_dir: Path) -> dict | None:
+    """``{"record": RunRecord, "config": yaml}`` of a finished cell, or None."""
+    path = run_dir / RECORD_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    record = data["record"]
+    return {"record": RunRecord(**{**record, "evals": [tuple(e) for e in record["evals"]]}), "config": data["config"]}
+
+
+def _write_record(run_dir: Path, record: RunRecord, cfg) -> None:
+    """Mark the cell finished (written whole, then renamed: a crash leaves no half record)."""
+    from turnrl.run import config_yaml
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps({"record": asdict(record), "config": config_yaml(cfg)}, indent=1), encoding="utf-8")
+    os.replace(tmp, run_dir / RECORD_FILE)
+
+
+# ------------------------------------------------------------------------- running and reporting
+def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), progress: bool = True) -> list[RunRecord]:
+    """Train every cell not finished yet, then write the reports; returns every cell's record.
+
+    A cell's run dir without a record (an interrupted run) is cleared and trained again, unless
+    the overrides resume runs (``trainer.resume=true`` with ``trainer.checkpoint_every``), in
+    which case it continues from its last checkpoint (its wall time then counts the part run
+    since). Each finished run is recorded at once, so an interrupted suite loses at most the run
+    in progress.
+
+    Raises:
+        SuiteError: As ``plan_cells``, before any training.
+        KeyboardInterrupt: On Ctrl-C (the run in progress is not recorded).
+    """
+    out = Path(out)
+    cells = plan_cells(suite, out, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite.json").write_text(json.dumps({**asdict(suite), "overrides": list(overrides)}, indent=1))
+    todo = [c for c in cells if c.record is None]
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"suite {suite.name}", unit="run",
+               disable=not progress)
+    for cell in todo:
+        bar.set_postfix_str(f"{cell.env} {cell.method} seed {cell.seed}")
+        if cell.run_dir.exists() and not cell.cfg.trainer.resume:
+            shutil.rmtree(cell.run_dir)  # an unfinished run's leftovers (its log would be appended to)
+        record = train_cell(cell.cfg, cell.run_dir, cell.method, cell.env)
+        if record.evals[-1][0] != cell.cfg.trainer.steps:  # train() stops early, and returns, on Ctrl-C
+            bar.close()
+            raise KeyboardInterrupt(f"interrupted in {cell.run_dir}")
+        _write_record(cell.run_dir, record, cell.cfg)
+        cell.record = record
+        bar.update()
+    bar.close()
+    records = [c.record for c in cells]
+    write_reports(suite, records, out, overrides)
+    return records
+
+
+def write_reports(suite: Suite, records: Sequence[RunRecord], out: str | Path,
+                  overrides: Sequence[str] = ()) -> list[MethodSummary]:
+    """Write results.csv, summary.csv, table.md, curves.png and report.html into ``out``;
+    returns the per-(env, method) summaries."""
+    out = Path(out)
+    summaries = summarize(records, suite.baseline, suite.thresholds)
+    write_csv(run_rows(records, suite.baseline, suite.thresholds), RUN_COLUMNS, out / "results.csv")
+    rows = summary_csv_rows(summaries)
+    write_csv(rows, list(rows[0]), out / "summary.csv")
+    title = (f"turnrl suite {suite.name}: {len(suite.envs)} env(s) x {len(suite.methods)} methods x "
+             f"{len(suite.seeds)} seeds" + (f" ({' '.join(overrides)})" if overrides else ""))
+    (out / "table.md").write_text(f"# {title}\n\n{suite_table(summaries, suite.baseline)}\n")
+    panels = {env.name: [r for r in records if r.env == env.name] for env in suite.envs}
+    plot_panels(panels, out / "curves.png", x="episodes", band=pointwise_band, caption=BAND_CAPTION)
+    suite_html(summaries, records, suite.baseline, suite.thresholds, title, BAND_CAPTION, out / "curves.png",
+               out / "report.html")
+    return summaries
+
+
+def run_from_args(args) -> int:
+    """The ``bench`` subcommand of ``turnrl.cli``: 0 done, 2 a bad suite or selection (before
+    any training), 130 interrupted (rerun the same command to continue)."""
+    import sys
+
+    try:
+        suite = load_suite(args.suite).select(args.envs, args.methods, args.seeds)
+    except SuiteError as e:
+        print(f"turnrl bench: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"bench-{suite.name}")
+    try:
+        run_suite(suite, out, args.overrides, progress=args.progress)
+    except SuiteError as e:
+        print(f"turnrl bench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"turnrl bench: interrupted; the finished runs are kept in {out}: run the same command again to go on",
+              file=sys.stderr)
+        return 130
+    print((out / "table.md").read_text(), end="")
+    print(f"report: {out / 'report.html'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``turnrl bench ARGS`` (``turnrl.cli``), e.g. ``main(["--suite", "credit", "--seeds", "0"])``."""
+    import sys
+
+    from turnrl.cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
