@@ -97,7 +97,8 @@ def test_episode_stats_and_the_report_of_hand_made_episodes():
     assert (stats.tool_calls, stats.tool_calls_per_turn, stats.tool_exec_error_rate) == (1.0, 2 / 5, 0.5)
     assert (stats.parse_errors, stats.tool_parse_error_rate, stats.turn_length_cut_rate) == (1.0, 2 / 5, 1 / 5)
     assert stats.terminations == {"terminated": 1, "truncated": 1}
-    assert (stats.distinct_1, stats.distinct_2) == (3 / 7, 1.0)  # the user's message is not counted
+    # each episode's replies as one text, the user's message left out: "a b a c", "a b c"
+    assert (stats.distinct_1, stats.distinct_2) == (3 / 7, 4 / 5)
     rm = stats.reward_model
     assert rm.episodes == 2 and rm.pairwise_agreement == 1.0 and rm.proxy_verifier_gap == 0.0
     assert episode_stats(episodes[:1], None).reward_model.pairwise_agreement is None

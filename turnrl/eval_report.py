@@ -48,8 +48,8 @@ class EpisodeStats:
     tool_parse_error_rate: float  # turns with a malformed tool call, per turn
     turn_length_cut_rate: float  # turns cut by max_new_tokens, per turn
     terminations: dict[str, int]  # how episodes ended (Trajectory.termination) -> count
-    distinct_1: float  # distinct word unigrams / all, over every sampled turn (eval_metrics.distinct_n)
-    distinct_2: float  # distinct word bigrams / all
+    distinct_1: float  # distinct word unigrams / all (eval_metrics.distinct_n), each episode's turns as one text
+    distinct_2: float  # distinct word bigrams / all: bigrams span consecutive turns, never two episodes
     reward_model: RewardAgreement | None = None  # None: no reward model rewarded the env
 
 
@@ -65,7 +65,7 @@ def episode_stats(trajectories: Sequence[Trajectory], temperature: float | None)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
     tokens = sum(t.num_generated_tokens for t in trajectories)
-    texts = [m["content"] for t in trajectories for m in t.messages if m.get("role") == "assistant"]
+    texts = [" ".join(m["content"] for m in t.messages if m.get("role") == "assistant") for t in trajectories]
     return EpisodeStats(
         episodes=n, temperature=temperature,
         success=sum(t.success for t in trajectories) / n,
