@@ -33,7 +33,7 @@ def run_dir(tmp_path_factory) -> Path:
     cfg = OmegaConf.structured(Config)
     cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 16}
     cfg.agent.max_new_tokens = 8
-    cfg.agent.model.update({k: v for k, v in VLLM_TINY.items()})
+    cfg.agent.model.update(VLLM_TINY)
     cfg.agent.warmstart.update(dict(steps=60, batch_size=8, lr=3e-3))
     cfg.agent.tokenizer.corpus_episodes = 30
     cfg.reward_model.update(dict(steps=10, scripted_episodes=32))

@@ -17,7 +17,6 @@ and returns an ``EvalReport`` with the trajectories; ``write_outputs`` saves ``e
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -36,8 +35,6 @@ from turnrl.eval_report import EvalReport, episode_stats, pass_at_ks
 from turnrl.evaluate import heldout_tasks
 from turnrl.rollout.collector import RolloutCollector, Task
 from turnrl.rollout.trajectory import Trajectory
-
-log = logging.getLogger(__name__)
 
 FINAL_MODEL_DIR = "checkpoint"  # where a finished run saves its final model (turnrl.record.Recorder.finish)
 RUN_CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")  # a run folder's saved config, first found wins
