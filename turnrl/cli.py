@@ -1,16 +1,18 @@
 """The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
 ``bench --suite NAME`` (a benchmark suite: ``turnrl.bench_suite``), ``serve-env <env-id>``,
 ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR`` (a tiny random-init
-checkpoint of a real architecture with its family's chat template) and ``build-docker-image``
-(the docker executor's default image, built locally).
+checkpoint of a real architecture with its family's chat template), ``eval [OVERRIDES]
+--checkpoint RUN --out DIR`` (a policy on held-out tasks, any backend: see ``turnrl.eval_run``)
+and ``build-docker-image`` (the docker executor's default image, built locally).
 
 Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-train``).
 
 Exit codes: 0 success (every check passed; ``serve-env`` stopped by SIGINT/SIGTERM), 1 a
 check failed (or ``serve-env`` could not bind its address), 2 a usage error (bad arguments,
-an unknown env id, kwargs the env rejects, a bad suite or suite config, or a server without a
-token on an address other than loopback: see ``--token-env``), 130 ``bench`` interrupted
-(its finished runs are kept; the same command goes on).
+an unknown env id, kwargs the env rejects, a bad suite or suite config, a server without a
+token on an address other than loopback: see ``--token-env``, or an ``eval`` checkpoint,
+override or k that cannot be used), 130 ``bench`` interrupted (its finished runs are kept; the
+same command goes on).
 """
 
 from __future__ import annotations
@@ -163,6 +165,38 @@ def _parser() -> argparse.ArgumentParser:
     model.add_argument("--kv-heads", type=_positive_int, default=1, help="key/value heads (default 1)")
     model.add_argument("--seed", type=int, default=0, help="seed of the random init (default 0)")
     model.set_defaults(run=_build_model)
+
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a policy on held-out tasks: success, pass@k, turns, error rates, diversity",
+        description="Play held-out tasks (the test split seeds training evaluates on) once greedily and --samples "
+                    "times at --temperature with a checkpoint's policy, on any agent.backend (transformers, vllm, "
+                    "http: set by overrides as for training); print a Markdown table and write eval.json, eval.md "
+                    "and eval_episodes.jsonl to --out. With --checkpoint the run's saved config sets the env and "
+                    "its limits; without it, agent.path=DIR and the config groups (env=...) say what to evaluate.",
+    )
+    evaluate.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                          help="Hydra overrides as for python -m turnrl.train (agent.backend=http, "
+                               "agent.http.base_urls=[URL], env.kwargs.n=64, agent.max_new_tokens=32, seed=1, ...); "
+                               "put them before the options")
+    evaluate.add_argument("--checkpoint", default=None, metavar="PATH",
+                          help="a run folder, one of its checkpoints/step-N, or a save_pretrained folder (default: "
+                               "the model agent.path names)")
+    evaluate.add_argument("--episodes", type=_positive_int, default=None,
+                          help="held-out tasks (default: the config's trainer.eval_episodes)")
+    evaluate.add_argument("--samples", type=_non_negative_int, default=8,
+                          help="sampled episodes per task for pass@k (default 8; 0: greedy only)")
+    evaluate.add_argument("--k", type=_positive_int, nargs="+", default=None, metavar="K",
+                          help="the k of pass@k, each at most --samples (default: 1 and the powers of 2 up to "
+                               "--samples)")
+    evaluate.add_argument("--temperature", type=_positive_float, default=None,
+                          help="temperature of the sampled episodes (default: the config's agent.temperature)")
+    evaluate.add_argument("--no-greedy", dest="greedy", action="store_false",
+                          help="skip the greedy episodes (one per task)")
+    evaluate.add_argument("--batch-tasks", type=_positive_int, default=32,
+                          help="tasks per rollout batch (default 32; each --samples rows when sampling)")
+    evaluate.add_argument("--out", required=True, help="folder to write eval.json, eval.md, eval_episodes.jsonl to")
+    evaluate.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    evaluate.set_defaults(run=_eval)
 
     image = commands.add_parser(
         "build-docker-image", help="build the docker executor's default image locally (no registry needed)",
@@ -322,6 +356,29 @@ def _build_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from turnrl.eval_run import eval_config, resolve_checkpoint, run_eval, write_outputs
+
+    try:
+        target = resolve_checkpoint(args.checkpoint) if args.checkpoint else None
+        cfg = eval_config(target, args.overrides)
+    except Exception as e:  # a bad path, override or config: Hydra's and validate's messages say which
+        print(f"turnrl eval: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    ks = args.k or [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= args.samples]
+    try:
+        report, greedy, sampled = run_eval(cfg, target, episodes=args.episodes or cfg.trainer.eval_episodes,
+                                           samples=args.samples, ks=ks, temperature=args.temperature,
+                                           greedy=args.greedy, batch_tasks=args.batch_tasks, progress=args.progress)
+    except ValueError as e:
+        print(f"turnrl eval: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    out = write_outputs(report, greedy, sampled, args.out)
+    print(report.to_markdown())
+    print(f"wrote eval.json, eval.md and eval_episodes.jsonl to {out}", flush=True)
+    return EXIT_OK
+
+
 def _build_docker_image(args: argparse.Namespace) -> int:
     """Exit 0 when the engine has the image (built now or before), 1 when it cannot be built."""
     from turnrl.tools.executors import docker_image
@@ -356,6 +413,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 

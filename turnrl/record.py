@@ -137,8 +137,8 @@ class Recorder:
 
     def finish(self) -> TrainResult:
         """The run's outputs (main process): the final model and tokenizer (``checkpoint/``,
-        ``trainer.save_checkpoint``), ``curves.png``, ``summary.txt``, ``evals.json``; prints
-        the before/after table."""
+        ``trainer.save_checkpoint``), the run's config (``config.yaml``: ``turnrl eval`` reads
+        it), ``curves.png``, ``summary.txt``, ``evals.json``; prints the before/after table."""
         run, result = self.run, self.result
         if self.bar is not None:
             self.bar.close()
@@ -148,6 +148,7 @@ class Recorder:
             if run.cfg.trainer.save_checkpoint:
                 run.model.save_pretrained(run.run_dir / "checkpoint")
                 run.tokenizer.save_pretrained(run.run_dir / "checkpoint")
+            (run.run_dir / "config.yaml").write_text(config_yaml(run.cfg), encoding="utf-8")  # for turnrl eval
             plot_curves(result.train, result.evals, run.run_dir / "curves.png")
             table = before_after_table([e for _, e in result.evals])
             (run.run_dir / "summary.txt").write_text(table + "\n")
