@@ -1,8 +1,8 @@
 """The policy learner: a policy loss over masked tokens (PPO-clip by default, or another of
-``POLICY_LOSSES``), optional KL to a frozen reference and an
-entropy bonus. Plain torch on one process, or data-parallel under ``accelerate launch`` (pass
-an ``Accelerator``): each process trains on its shard of the rows, the loss is normalised by
-global counts, and the update equals the single-process one (``turnrl.distributed``)."""
+``POLICY_LOSSES``), optional KL to a frozen reference and an entropy bonus. Plain torch on one
+process, or data-parallel under ``accelerate launch`` (pass an ``Accelerator``): each process
+trains on its shard of the rows, the loss is normalised by global counts, and the update equals
+the single-process one (``turnrl.distributed``)."""
 
 from __future__ import annotations
 
@@ -109,6 +109,12 @@ class Learner:
             raise ValueError(f"tis must be one of {LEVELS}, got {loss.tis!r}")
         if optim.mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {optim.mixed_precision!r}")
+        policy_loss = POLICY_LOSSES.get(loss.policy_loss)
+        # the selected loss's own settings (keywords named after LossConfig fields)
+        self.policy_loss_kwargs = policy_loss_settings(policy_loss, loss)
+        if loss.dual_clip is not None and "dual_clip" not in self.policy_loss_kwargs:
+            raise ValueError(f"dual_clip={loss.dual_clip} is set but policy_loss={loss.policy_loss!r} has no dual "
+                             "clip; set dual_clip=None, or policy_loss='ppo_clip'")
         if accelerator is not None and accelerator.gradient_accumulation_steps != 1:
             raise ValueError("build the Accelerator with gradient_accumulation_steps=1: the learner accumulates "
                              "micro-batches itself (OptimConfig.micro_batch_size)")
@@ -135,12 +141,7 @@ class Learner:
                 self.ref_model.to(accelerator.device)
         self.kl_fn = KL_ESTIMATORS.get(loss.kl_estimator)
         self.aggregate = AGGREGATIONS.get(loss.loss_agg)
-        self.policy_loss = POLICY_LOSSES.get(loss.policy_loss)
-        # the selected loss's own settings (keywords named after LossConfig fields)
-        self.policy_loss_kwargs = policy_loss_settings(self.policy_loss, loss)
-        if loss.dual_clip is not None and "dual_clip" not in self.policy_loss_kwargs:
-            raise ValueError(f"dual_clip={loss.dual_clip} is set but policy_loss={loss.policy_loss!r} has no dual "
-                             "clip; set dual_clip=None, or policy_loss='ppo_clip'")
+        self.policy_loss = policy_loss
 
     @property
     def num_processes(self) -> int:
