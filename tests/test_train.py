@@ -110,6 +110,27 @@ def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
+@pytest.mark.parametrize("algorithm", ["gspo", "cispo"])
+def test_the_gspo_and_cispo_configs_train_end_to_end(tmp_path, algorithm):
+    from hydra import compose, initialize_config_module
+
+    from turnrl.conf.schema import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        shipped = compose(config_name="config", overrides=[f"algorithm={algorithm}"]).algorithm
+    cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=2, tasks_per_step=3, group_size=3,
+                                       eval_episodes=8))
+    cfg.agent.warmstart.steps = 20
+    cfg.algorithm = shipped  # turnrl/conf/algorithm/<algorithm>.yaml as it is
+    result = train(OmegaConf.to_object(cfg), tmp_path)
+    assert result.train and all(math.isfinite(m["pg_loss"]) and math.isfinite(m["grad_norm"]) for m in result.train)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["kind"] == "train"]
+    assert len(rows) == 2 and all("clip_frac" in r and "ratio" in r for r in rows)
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+
+
 @pytest.mark.parametrize("advantage, critic", [("gae", "separate"), ("turn_gae", "separate"), ("gae", "shared")])
 def test_critic_based_ppo_trains_the_critic_beside_the_policy(tmp_path, advantage, critic):
     # secrets in 1..6: even a barely warm-started policy wins often, so the value targets are not all 0

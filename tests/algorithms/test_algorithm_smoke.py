@@ -1,5 +1,5 @@
 """One training update per algorithm config (``algorithm=<name>``) on the tiny model: the
-composed config's estimator and loss aggregation run through the real learner, every
+composed config's estimator, policy loss and loss aggregation run through the real learner, every
 parameter that gets gradient moves, nothing is NaN."""
 
 import copy
@@ -56,6 +56,14 @@ def test_every_estimator_has_a_config():
 
     configured = {compose_algorithm(name).algorithm.advantage for name in ALGORITHMS}
     assert set(ADVANTAGES.names()) <= configured
+
+
+@pytest.mark.slow
+def test_every_policy_loss_has_a_config():
+    from turnrl.algorithms import POLICY_LOSSES
+
+    configured = {compose_algorithm(name).algorithm.policy_loss for name in ALGORITHMS}
+    assert set(POLICY_LOSSES.names()) <= configured
 
 
 @pytest.mark.slow

@@ -61,6 +61,7 @@ CHOICES = [  # (key, a bad value, one allowed value the message must list)
     ("algorithm.kl_placement", "advantage", "reward"),
     ("algorithm.tis", "tokens", "sequence"),
     ("algorithm.loss_agg", "mean", "seq-mean-token-mean"),
+    ("algorithm.policy_loss", "grpo", "gspo"),
     ("algorithm.critic", "joint", "shared"),
     ("algorithm.entropy_schedule", "step", "linear"),
     ("trainer.mixed_precision", "fp16", "bf16"),
@@ -99,6 +100,10 @@ def test_advantage_kwargs_the_estimator_does_not_take_fail_in_validate_and_in_ad
     ({"algorithm__kl_coef": -0.1}, "algorithm.kl_coef=-0.1 must be >= 0"),
     ({"algorithm__tis_cap": 0.0}, "algorithm.tis_cap=0.0 must be > 0"),
     ({"algorithm__dual_clip": 1.0}, "algorithm.dual_clip=1.0 must be > 1"),
+    ({"algorithm__gspo_clip_low": -3e-4}, "algorithm.gspo_clip_low=-0.0003 must be >= 0"),
+    ({"algorithm__gspo_clip_high": -1.0}, "algorithm.gspo_clip_high=-1.0 must be >= 0"),
+    ({"algorithm__cispo_clip_low": -0.1}, "algorithm.cispo_clip_low=-0.1 must be >= 0"),
+    ({"algorithm__cispo_clip_high": -0.28}, "algorithm.cispo_clip_high=-0.28 must be >= 0"),
     ({"algorithm__kl_target": 0.01}, "algorithm.kl_target=0.01 (adaptive KL) needs kl_target > 0 and an initial "
                                      "algorithm.kl_coef > 0, got kl_coef=0.0"),
     ({"algorithm__state_similarity": 1.5}, "algorithm.state_similarity=1.5 must be in (0, 1]"),
@@ -118,7 +123,8 @@ def test_a_value_out_of_range_fails_naming_it(values, expected):
 def test_the_ranges_accept_their_bounds():
     validate(with_values(algorithm__kl_coef=0.01, algorithm__kl_target=0.02, algorithm__dual_clip=3.0,
                          algorithm__state_similarity=1.0, trainer__max_staleness=0, trainer__lora_rank=0,
-                         trainer__checkpoint_every=0))
+                         trainer__checkpoint_every=0, algorithm__gspo_clip_low=0.0, algorithm__gspo_clip_high=0.0,
+                         algorithm__cispo_clip_low=0.0, algorithm__cispo_clip_high=0.0))
 
 
 @pytest.mark.parametrize("values,expected,fixed", [
@@ -132,6 +138,9 @@ def test_the_ranges_accept_their_bounds():
     ({"agent__vllm__sleep_during_update": True, "agent__backend": "vllm", "trainer__async_rollouts": True,
       "algorithm__tis": "token"},
      "(trainer.async_rollouts=false, got True)", {"trainer__async_rollouts": False}),
+    ({"algorithm__policy_loss": "gspo", "algorithm__dual_clip": 3.0},
+     "algorithm.dual_clip=3.0 is set but algorithm.policy_loss='gspo' has no dual clip (the losses with one: "
+     "['ppo_clip']); set algorithm.dual_clip=null, or algorithm.policy_loss=ppo_clip", {"algorithm__dual_clip": None}),
     ({"trainer__accelerate": True, "algorithm__advantage": "gae"},
      "algorithm.advantage='gae' with algorithm.critic='separate' trains a critic model on one process; "
      "set algorithm.critic=shared", {"algorithm__critic": "shared"}),

@@ -8,6 +8,7 @@ from turnrl.algorithms.batch import TrainBatch, collate
 from turnrl.algorithms.config import LossConfig, OptimConfig
 from turnrl.algorithms.learner import Learner, StepCoefs
 from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
+from turnrl.algorithms.policy_losses import POLICY_LOSSES
 from turnrl.algorithms.scoring import token_logprobs
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Learner",
     "LossConfig",
     "OptimConfig",
+    "POLICY_LOSSES",
     "StepCoefs",
     "TrainBatch",
     "VALUE_TARGETS",

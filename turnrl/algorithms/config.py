@@ -23,10 +23,22 @@ from typing import Optional
 class LossConfig:
     """Settings of the policy loss and the value loss (under ``algorithm.`` in Hydra)."""
 
-    # PPO ratio clip below 1
+    # policy loss, a name in turnrl.algorithms.POLICY_LOSSES: ppo_clip, gspo or cispo
+    policy_loss: str = "ppo_clip"
+    # PPO ratio clip below 1 (policy_loss=ppo_clip)
     clip_low: float = 0.2
-    # PPO ratio clip above 1 (clip-higher when > clip_low)
+    # PPO ratio clip above 1 (clip-higher when > clip_low; policy_loss=ppo_clip)
     clip_high: float = 0.2
+    # GSPO: clip of the sequence ratio below 1 (paper: 3e-4; policy_loss=gspo). A field of its own, not
+    # clip_low: sequence ratios (geometric means of token ratios) stay near 1, so PPO's 0.2 would never clip
+    gspo_clip_low: float = 3e-4
+    # GSPO: clip of the sequence ratio above 1 (paper: 4e-4; policy_loss=gspo)
+    gspo_clip_high: float = 4e-4
+    # CISPO: the detached importance weight is >= 1 - this (policy_loss=cispo); 1.0 = no lower bound, as
+    # in the paper. Not clip_low: it bounds a weight's size (no token loses its gradient), not a trust region
+    cispo_clip_low: float = 1.0
+    # CISPO: the importance weight is <= 1 + this (the paper tunes only this bound; 0.28 as Trinity-RFT)
+    cispo_clip_high: float = 0.28
     # passes over each rollout batch
     ppo_epochs: int = 1
     # optimizer steps per pass (the batch is split into this many minibatches)
@@ -39,7 +51,8 @@ class LossConfig:
     # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (each
     # turn's reward is lowered by beta * its tokens' KL, before the advantage estimator)
     kl_placement: str = "loss"
-    # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c (null = off)
+    # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c (null = off;
+    # policy_loss=ppo_clip)
     dual_clip: Optional[float] = None
     # |log ratio| is clamped to this before exp (a stale token cannot overflow the ratio)
     log_ratio_clip: float = 20.0

@@ -1,7 +1,8 @@
-"""The policy learner: PPO-clip over masked tokens, optional KL to a frozen reference and an
-entropy bonus. Plain torch on one process, or data-parallel under ``accelerate launch`` (pass
-an ``Accelerator``): each process trains on its shard of the rows, the loss is normalised by
-global counts, and the update equals the single-process one (``turnrl.distributed``)."""
+"""The policy learner: a policy loss over masked tokens (PPO-clip by default, or another of
+``POLICY_LOSSES``), optional KL to a frozen reference and an entropy bonus. Plain torch on one
+process, or data-parallel under ``accelerate launch`` (pass an ``Accelerator``): each process
+trains on its shard of the rows, the loss is normalised by global counts, and the update equals
+the single-process one (``turnrl.distributed``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig, OptimConfig
 from turnrl.algorithms.importance import LEVELS, logprob_mismatch, truncated_is_weights
 from turnrl.algorithms.kl_control import PLACEMENTS
-from turnrl.algorithms.losses import KL_ESTIMATORS, ppo_clip_loss
+from turnrl.algorithms.losses import KL_ESTIMATORS
+from turnrl.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 from turnrl.algorithms.scoring import token_logprobs
 
 
@@ -93,8 +95,10 @@ class Learner:
 
     Raises:
         ValueError: On a ``kl_placement``, ``tis`` or ``mixed_precision`` that is not one of
-            the allowed names, or an accelerator that accumulates gradients itself.
-        KeyError: On an unknown ``kl_estimator`` or ``loss_agg`` (listing the valid names).
+            the allowed names, a ``dual_clip`` with a policy loss that has none, or an
+            accelerator that accumulates gradients itself.
+        KeyError: On an unknown ``kl_estimator``, ``loss_agg`` or ``policy_loss`` (listing the
+            valid names).
     """
 
     def __init__(self, model, loss: LossConfig, optim: OptimConfig, value_head: torch.nn.Module | None = None,
@@ -105,6 +109,12 @@ class Learner:
             raise ValueError(f"tis must be one of {LEVELS}, got {loss.tis!r}")
         if optim.mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {optim.mixed_precision!r}")
+        policy_loss = POLICY_LOSSES.get(loss.policy_loss)
+        # the selected loss's own settings (keywords named after LossConfig fields)
+        self.policy_loss_kwargs = policy_loss_settings(policy_loss, loss)
+        if loss.dual_clip is not None and "dual_clip" not in self.policy_loss_kwargs:
+            raise ValueError(f"dual_clip={loss.dual_clip} is set but policy_loss={loss.policy_loss!r} has no dual "
+                             "clip; set dual_clip=None, or policy_loss='ppo_clip'")
         if accelerator is not None and accelerator.gradient_accumulation_steps != 1:
             raise ValueError("build the Accelerator with gradient_accumulation_steps=1: the learner accumulates "
                              "micro-batches itself (OptimConfig.micro_batch_size)")
@@ -131,6 +141,7 @@ class Learner:
                 self.ref_model.to(accelerator.device)
         self.kl_fn = KL_ESTIMATORS.get(loss.kl_estimator)
         self.aggregate = AGGREGATIONS.get(loss.loss_agg)
+        self.policy_loss = policy_loss
 
     @property
     def num_processes(self) -> int:
@@ -314,10 +325,8 @@ class Learner:
                                                       segments=mb.segment_index)
         if measure is not None and record:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
-        pg_loss, stats = ppo_clip_loss(
-            logprobs, mb.old_logprobs, adv, weights, cfg.clip_low, cfg.clip_high,
-            dual_clip=cfg.dual_clip, log_ratio_clip=cfg.log_ratio_clip, is_weights=is_weights,
-        )
+        pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights,
+                                          **self.policy_loss_kwargs)
         ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))
         loss = pg_loss
         if coefs.entropy_coef:

@@ -159,7 +159,7 @@ class AgentConfig:
 
 @dataclass
 class AlgorithmConfig(LossConfig):
-    """The advantage estimator and the losses (the loss fields, clip_low ... critic_epochs, are
+    """The advantage estimator and the losses (the loss fields, policy_loss ... critic_epochs, are
     LossConfig's: see turnrl/algorithms/config.py for each one's meaning and default)."""
 
     # advantage estimator, a name in turnrl.algorithms.ADVANTAGES

@@ -40,7 +40,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
     from turnrl.agents.routing import STRATEGIES
     from turnrl.agents.scripted import PLAYERS
     from turnrl.agents.vllm_policy import ENGINE_DTYPES
-    from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS
+    from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from turnrl.algorithms.critic import CRITICS
     from turnrl.algorithms.importance import LEVELS
     from turnrl.algorithms.kl_control import PLACEMENTS
@@ -67,6 +67,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
         ("algorithm.kl_placement", algo.kl_placement, PLACEMENTS),
         ("algorithm.tis", algo.tis, LEVELS),
         ("algorithm.loss_agg", algo.loss_agg, AGGREGATIONS.names()),
+        ("algorithm.policy_loss", algo.policy_loss, POLICY_LOSSES.names()),
         ("algorithm.critic", algo.critic, CRITICS),
         ("algorithm.entropy_schedule", algo.entropy_schedule, SCHEDULES.names()),
         ("trainer.mixed_precision", trainer.mixed_precision, MIXED_PRECISION),
@@ -75,7 +76,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
 
 def problems(cfg: Config) -> list[str]:
     """The problems ``validate`` raises for, as messages (empty: the config is valid)."""
-    from turnrl.algorithms import ADVANTAGES, VALUE_TARGETS
+    from turnrl.algorithms import ADVANTAGES, POLICY_LOSSES, VALUE_TARGETS
 
     agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
     out: list[str] = []
@@ -94,6 +95,8 @@ def problems(cfg: Config) -> list[str]:
         ("algorithm.ppo_epochs", algo.ppo_epochs, 1), ("algorithm.num_minibatches", algo.num_minibatches, 1),
         ("algorithm.critic_epochs", algo.critic_epochs, 1), ("trainer.micro_batch_size", trainer.micro_batch_size, 1),
         ("trainer.lora_rank", trainer.lora_rank, 0), ("algorithm.kl_coef", algo.kl_coef, 0),
+        *((f"algorithm.{name}", getattr(algo, name), 0)
+          for name in ("gspo_clip_low", "gspo_clip_high", "cispo_clip_low", "cispo_clip_high")),
         *((key, value, 1) for key, value in (("agent.max_observation_tokens", agent.max_observation_tokens),
                                              ("agent.max_episode_tokens", agent.max_episode_tokens)) if value is not None),
     ]
@@ -106,6 +109,11 @@ def problems(cfg: Config) -> list[str]:
     if algo.dual_clip is not None and algo.dual_clip <= 1:
         out.append(f"algorithm.dual_clip={algo.dual_clip!r} must be > 1 (e.g. 3.0) or null (off); "
                    "set algorithm.dual_clip=3.0 or algorithm.dual_clip=null")
+    dual_clipping = [name for name in POLICY_LOSSES if "dual_clip" in inspect.signature(POLICY_LOSSES[name]).parameters]
+    if algo.dual_clip is not None and algo.policy_loss in POLICY_LOSSES and algo.policy_loss not in dual_clipping:
+        out.append(f"algorithm.dual_clip={algo.dual_clip!r} is set but algorithm.policy_loss={algo.policy_loss!r} has "
+                   f"no dual clip (the losses with one: {dual_clipping}); set algorithm.dual_clip=null, or "
+                   f"algorithm.policy_loss={dual_clipping[0]}")
     if algo.kl_target is not None and (algo.kl_target <= 0 or algo.kl_coef <= 0):
         out.append(f"algorithm.kl_target={algo.kl_target!r} (adaptive KL) needs kl_target > 0 and an initial "
                    f"algorithm.kl_coef > 0, got kl_coef={algo.kl_coef!r}; set both > 0 (e.g. algorithm.kl_coef=0.01), "
