@@ -1,5 +1,6 @@
 """The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
-``bench --suite NAME`` (a benchmark suite: ``turnrl.bench_suite``), ``serve-env <env-id>``,
+``bench --suite NAME`` (a benchmark suite: ``turnrl.bench_suite``), ``credit-lab`` (every credit
+method's gradient against the exact one: ``turnrl.credit_lab``), ``serve-env <env-id>``,
 ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR`` (a tiny random-init
 checkpoint of a real architecture with its family's chat template), ``eval [OVERRIDES]
 --checkpoint RUN --out DIR`` (a policy on held-out tasks, any backend: see ``turnrl.eval_run``)
@@ -101,6 +102,26 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
     bench.add_argument("overrides", nargs="*", help="Hydra overrides of every run, after -- (applied last)")
     bench.set_defaults(run=_bench)
+
+    lab = commands.add_parser(
+        "credit-lab", help="measure every credit method's gradient against the exact one on small MDPs",
+        description="Sample many independent batches of small multi-turn MDPs under a tabular softmax policy, "
+                    "pass them through collate, every advantage estimator and policy loss, and compare each "
+                    "method's gradient with the exact policy gradient: bias (cosine, Hotelling tests), "
+                    "variance and signal-to-noise, as horizon, group size, reward sparsity, ragged lengths, "
+                    "loss aggregation and staleness vary. Writes results.csv, tables.md, lab.png and "
+                    "report.html into --out (see turnrl.credit_lab).",
+    )
+    lab.add_argument("--sweeps", nargs="+", default=None, metavar="SWEEP",
+                     help="sweeps to run (default: all of turnrl.credit_lab.lab.SWEEPS)")
+    lab.add_argument("--batches", type=_positive_int, default=2000,
+                     help="independent batches per cell (default 2000)")
+    lab.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    lab.add_argument("--workers", type=_positive_int, default=None,
+                     help="processes running cells side by side (default: the machine's cores, at most 4)")
+    lab.add_argument("--out", default="credit-lab", help="output folder (default ./credit-lab)")
+    lab.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    lab.set_defaults(run=_credit_lab)
 
     serve = commands.add_parser(
         "serve-env", help="serve an env over HTTP for RemoteEnv / env.url",
@@ -255,6 +276,24 @@ def _bench(args: argparse.Namespace) -> int:
     from turnrl.bench_suite import run_from_args  # imports Hydra and, to train, torch
 
     return run_from_args(args)
+
+
+def _credit_lab(args: argparse.Namespace) -> int:
+    import os
+
+    from turnrl.credit_lab.lab import SWEEPS, run_sweeps
+    from turnrl.credit_lab.report import write_report
+
+    sweeps = args.sweeps or SWEEPS.names()
+    unknown = [name for name in sweeps if name not in SWEEPS]
+    if unknown:
+        print(f"turnrl credit-lab: error: unknown sweeps {unknown}; valid: {SWEEPS.names()}", file=sys.stderr)
+        return EXIT_USAGE
+    workers = args.workers or max(1, min(4, os.cpu_count() or 1))
+    rows = run_sweeps(sweeps, args.batches, args.seed, workers, args.progress)
+    print(write_report(rows, args.out))
+    print(f"report: {os.path.join(args.out, 'report.html')}")
+    return 0
 
 
 def _serve_env(args: argparse.Namespace) -> int:

@@ -42,18 +42,16 @@ def token_rewards(batch: TrainBatch) -> torch.Tensor:
     cols, valid = pack(batch.loss_mask)
     if cols.shape[1] == 0:
         return out
-    turn_of = batch.turn_index.gather(1, cols)  # turn of each packed token
-    rows = torch.arange(len(batch), device=cols.device)
-    k_max = batch.turn_rewards.shape[1]
-    exists = turn_valid(batch.num_turns, k_max)
-    for k in range(k_max):
-        # the last packed token whose turn is <= k
-        upto = valid & (turn_of <= k)
-        has = upto.any(dim=1) & exists[:, k]
-        last = (upto.long() * torch.arange(cols.shape[1], device=cols.device)[None, :]).argmax(dim=1)
-        target = cols[rows, last]
-        out[rows[has], target[has]] += batch.turn_rewards[has, k]
-    return out
+    n, k_max = batch.turn_rewards.shape
+    turn_of = torch.where(valid, batch.turn_index.gather(1, cols), torch.full_like(cols, k_max)).clamp(max=k_max)
+    position = torch.arange(cols.shape[1], device=cols.device).expand_as(cols)
+    # the last packed token of each turn (-1: none), then of each turn or an earlier one
+    last = torch.full((n, k_max + 1), -1, dtype=torch.long, device=cols.device)
+    last = last.scatter_reduce(1, turn_of, position, "amax")[:, :k_max]
+    last = last.cummax(dim=1).values
+    has = (last >= 0) & turn_valid(batch.num_turns, k_max)
+    target = cols.gather(1, last.clamp(min=0))
+    return out.scatter_add(1, target, torch.where(has, batch.turn_rewards, torch.zeros_like(batch.turn_rewards)))
 
 
 def _recursion(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,

@@ -1,0 +1,110 @@
+"""Bias, variance and signal-to-noise of a gradient estimator, from many independent batches.
+
+``grads [B, D]`` are an estimator's gradients on ``B`` independent batches (flattened
+``theta``), ``true [D]`` the exact gradient. Because methods rescale their gradients (a
+group std, a token count), direction and scale are reported apart:
+
+* ``cosine``: cosine of the mean estimated gradient to the true one (1: no bias in direction).
+* ``scale``: ``<mean, true> / |true|^2`` (1 for an estimator unbiased in scale too).
+* ``snr``: ``|mean|^2 / E|g - mean|^2``, the signal-to-noise ratio of one batch's gradient.
+* ``nmse``: ``E|g / scale - true|^2 / |true|^2``, the mean squared error per batch once the
+  scale is taken out (bias in direction plus variance, relative to the gradient's size).
+* ``step_cosine``: the mean cosine of one batch's gradient to the true one, and ``uphill``,
+  the fraction of batches whose gradient has a positive inner product with it.
+* ``p_unbiased`` / ``p_direction``: Hotelling's T^2 test of ``E[g] = true`` (exactly
+  unbiased), and of ``E[g]`` having no component orthogonal to ``true`` (unbiased up to a
+  positive or negative scale). Under the null hypothesis each p-value is uniform, so a test at
+  level ``alpha`` raises a false alarm with probability ``alpha``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function ``I_x(a, b)`` (continued fraction, Lentz)."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x must be in [0, 1], got {x}")
+    if x in (0.0, 1.0):
+        return x
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 10_000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def f_sf(f: float, d1: float, d2: float) -> float:
+    """``P(F > f)`` for ``F ~ F(d1, d2)``."""
+    if f <= 0:
+        return 1.0
+    return betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
+
+
+def hotelling_p(samples: torch.Tensor, rel_tol: float = 1e-8) -> tuple[float, int]:
+    """p-value of Hotelling's one-sample T^2 test of ``E[x] = 0`` for ``samples [B, D]``, and the
+    rank ``r`` of their covariance it ran in.
+
+    Directions without variance are left out (a softmax's redundant logit, a state never
+    visited); a mean that is not 0 along one of them is a certain bias (p = 0).
+    """
+    x = samples.to(torch.float64)
+    b = x.shape[0]
+    mean = x.mean(dim=0)
+    cov = torch.cov(x.T) if b > 1 else torch.zeros(x.shape[1], x.shape[1], dtype=x.dtype)
+    cov = cov.reshape(x.shape[1], x.shape[1])
+    eigval, eigvec = torch.linalg.eigh(cov)
+    keep = eigval > rel_tol * eigval.max().clamp(min=1e-300)
+    r = int(keep.sum())
+    z = eigvec[:, keep].T @ mean
+    null = mean - eigvec[:, keep] @ z
+    typical = float(x.norm(dim=1).pow(2).mean().sqrt())  # a sample's norm
+    if float(null.norm()) > 1e-5 * typical:  # float32 round-off is far below this
+        return 0.0, r
+    if r == 0:
+        return 1.0, 0
+    if b <= r:
+        raise ValueError(f"Hotelling's test needs more batches than the covariance's rank: {b} <= {r}")
+    t2 = b * float((z**2 / eigval[keep]).sum())
+    return f_sf((b - r) / (r * (b - 1)) * t2, r, b - r), r
+
+
+def summarize(grads: torch.Tensor, true: torch.Tensor) -> dict[str, float]:
+    """The figures of the module docstring for ``grads [B, D]`` against ``true [D]``."""
+    g = grads.to(torch.float64).reshape(grads.shape[0], -1)
+    t = true.to(torch.float64).reshape(-1)
+    mean = g.mean(dim=0)
+    t_norm2 = float(t @ t)
+    noise = float(((g - mean) ** 2).sum(dim=1).mean()) * g.shape[0] / max(g.shape[0] - 1, 1)
+    scale = float(mean @ t) / t_norm2
+    mean_norm2 = float(mean @ mean)
+    per = g @ t
+    g_norms = g.norm(dim=1)
+    unit = t / math.sqrt(t_norm2)
+    residual = g - (g @ unit)[:, None] * unit[None, :]
+    return {
+        "cosine": float(mean @ t) / math.sqrt(max(mean_norm2 * t_norm2, 1e-300)),
+        "scale": scale,
+        "snr": mean_norm2 / noise if noise > 0 else math.inf,
+        "nmse": float(((g / scale - t) ** 2).sum(dim=1).mean()) / t_norm2 if scale != 0 else math.inf,
+        "step_cosine": float((per / (g_norms * math.sqrt(t_norm2)).clamp(min=1e-300)).mean()),
+        "uphill": float((per > 0).double().mean()),
+        "p_unbiased": hotelling_p(g - t[None, :])[0],
+        "p_direction": hotelling_p(residual)[0],
+    }
