@@ -44,10 +44,13 @@ def turn_returns(batch: TrainBatch, gamma: float = 1.0) -> torch.Tensor:
     Why this baseline stays unbiased when episodes have different numbers of turns: a
     baseline keeps the policy gradient unbiased when it does not depend on sample ``i``'s
     own actions from turn ``k`` on. ``b_{i,k}`` uses only the other, independent samples
-    (which of them reached turn ``k`` depends on their actions, not on ``i``'s). The naive
-    alternatives are biased: the group mean including ``i`` itself correlates the baseline
-    with ``i``'s return, and padding short episodes with ``G = 0`` at turns they never
-    played mixes in returns of states that were never visited.
+    (which of them reached turn ``k`` depends on their actions, not on ``i``'s). The group
+    mean including ``i`` itself is biased: it scales turn ``k``'s credit by ``1 - 1/n_k``
+    (``n_k`` the samples that reached it, a number that varies from turn to turn) and gives 0
+    to a turn only ``i`` reached. Counting the other samples that ended earlier as ``G = 0``
+    instead of leaving them out is *not* biased (that baseline does not depend on ``i``
+    either), only a different baseline: the credit lab measures both
+    (``turnrl.credit_lab``: ``turn_mean_incl_self``, ``turn_loo_padded``; docs/credit_lab.md).
 
     Args:
         batch: uses ``turn_rewards [N, K]``, ``num_turns [N]``, ``group_index [N]``,
