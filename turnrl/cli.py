@@ -114,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     lab.add_argument("--sweeps", nargs="+", default=None, metavar="SWEEP",
                      help="sweeps to run (default: all of turnrl.credit_lab.lab.SWEEPS)")
-    lab.add_argument("--batches", type=_positive_int, default=2000,
-                     help="independent batches per cell (default 2000)")
+    lab.add_argument("--batches", type=_positive_int, default=1000,
+                     help="independent batches per cell (default 1000)")
     lab.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     lab.add_argument("--workers", type=_positive_int, default=None,
                      help="processes running cells side by side (default: the machine's cores, at most 4)")

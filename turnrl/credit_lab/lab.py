@@ -105,7 +105,7 @@ def aggregation_sweep() -> list[Cell]:
 @SWEEPS.register("staleness")
 def staleness_sweep() -> list[Cell]:
     return [Cell("staleness", f"stale={z:g}", "corridor", {"length": 4, "horizon": 12, "stop_prob": 0.1},
-                 loss_agg="seq-mean-token-mean", staleness=z) for z in (0.0, 0.3, 1.0)]
+                 staleness=z) for z in (0.0, 0.3, 1.0)]
 
 
 def run_cell(cell: Cell, batches: int, seed: int = 0, methods: Sequence[Method] | None = None) -> list[dict]:
