@@ -111,6 +111,20 @@ def test_generated_maps_are_solvable_within_bounds_and_the_expert_solves_both_sp
                 assert sum(s[1] for s in steps[1:]) == 1.0
 
 
+def test_min_path_makes_every_map_long_and_keeps_the_default():
+    env = FrozenLakeEnv(size=5, min_path=8)
+    assert env.max_turns == 14  # the turn limit still follows the path cap
+    for split in ("train", "test"):
+        for seed in range(40):
+            steps = play(env, seed, split, env.expert_action)
+            assert 8 <= len(shortest_path(env.task, env.task.start)) <= 12
+            assert steps[-1][-1]["success"] and steps[-1][-1]["turn"] >= 8
+    default, explicit = FrozenLakeEnv(size=5), FrozenLakeEnv(size=5, min_path=4)  # size - 1
+    for seed in range(20):
+        assert default.reset(seed=seed)[1]["task_id"] == explicit.reset(seed=seed)[1]["task_id"]
+    assert default.min_path is None
+
+
 def test_expert_with_several_moves_per_turn_needs_fewer_turns():
     env = FrozenLakeEnv(moves_per_turn=3)
     assert env.max_turns == math.ceil(10 / 3) + 2
@@ -191,6 +205,8 @@ def test_fixed_maps_accept_gymnasium_symbols():
     ({"size": 9}, "size must be an int in"),
     ({"hole_prob": 0.9}, "hole_prob must be"),
     ({"moves_per_turn": 0}, "moves_per_turn must be"),
+    ({"size": 5, "min_path": 13}, "min_path must be"),
+    ({"size": 5, "min_path": 3}, "min_path must be"),
     ({"maps": "S./.G"}, "maps must be a non-empty sequence"),
     ({"maps": ["S./.X"]}, "has symbols"),
     ({"maps": ["SO/OG"]}, "unsolvable"),
@@ -217,3 +233,12 @@ def test_hydra_group_builds_the_env():
     env = env_factory(cfg)()
     assert isinstance(env.unwrapped, FrozenLakeEnv) and env.unwrapped.max_turns == 12
     assert gymnasium.spec("turnrl/FrozenLake-v0").entry_point == "turnrl.envs.frozen_lake:FrozenLakeEnv"
+
+
+def test_hydra_long_horizon_config_builds_long_episodes():
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=frozen_lake_long"]))
+    assert cfg.agent.warmstart.player == "expert" and cfg.trainer.tasks_per_step == 4
+    env = env_factory(cfg)().unwrapped
+    assert env.size == 5 and env.min_path == 8 and env.max_turns == 14

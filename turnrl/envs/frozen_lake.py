@@ -4,9 +4,9 @@ Description:
     A task is a ``size x size`` map (default 4, up to 8) with a start, a goal and holes. The
     start and goal are distinct uniformly drawn cells; every other cell is a hole with
     probability ``hole_prob`` (default 0.25). A map is kept only when its shortest start-goal
-    path (BFS) has between ``size - 1`` and ``2 * size + 2`` moves, so every map is solvable
-    and none is trivial. This is our own text version (not gymnasium's ``FrozenLake-v1``
-    with its fixed corners), in the spirit of the RAGEN benchmark.
+    path (BFS) has between ``size - 1`` (or ``min_path`` when set) and ``2 * size + 2`` moves,
+    so every map is solvable and none is trivial. This is our own text version (not
+    gymnasium's ``FrozenLake-v1`` with its fixed corners), in the spirit of the RAGEN benchmark.
 
 Action Space:
     The assistant's text; its direction words ``up/down/left/right`` in order are the moves
@@ -54,7 +54,8 @@ Scripted players:
     kwargs), success (mean turns): test random 0.11 (6.1), weak 0.52 (6.2), expert 1.00
     (3.9); train random 0.07, weak 0.52, expert 1.00. Other settings (seeds 0..199 of both
     splits): ``is_slippery=True`` random 0.09, weak 0.19, expert 0.37 (0.65 with
-    ``max_turns=30``); ``size=8`` random 0.00, weak 0.12, expert 1.00.
+    ``max_turns=30``); ``size=8`` random 0.00, weak 0.12, expert 1.00;
+    ``size=5, min_path=8`` (test) random 0.00, weak 0.09, expert 1.00 (8.7 turns).
 
 Version History:
     v0: initial version.
@@ -221,15 +222,17 @@ def parse_map(text: str) -> LakeMap:
     return lake
 
 
-def generate_map(rng: np.random.Generator, size: int, hole_prob: float) -> LakeMap | None:
+def generate_map(rng: np.random.Generator, size: int, hole_prob: float, min_path: int | None = None) -> LakeMap | None:
     """One draw of a map (see the module docstring); None when it is rejected
-    (unsolvable, or its shortest path is outside ``path_bounds(size)``)."""
+    (unsolvable, or its shortest path is outside ``path_bounds(size)``, or shorter than
+    ``min_path`` when given)."""
     cells = np.where(rng.random((size, size)) < hole_prob, HOLE, ICE)
     start, goal = (divmod(int(i), size) for i in rng.choice(size * size, size=2, replace=False))
     cells[start], cells[goal] = START, GOAL
     lake = LakeMap(tuple("".join(row) for row in cells))
     path = shortest_path(lake, start)
     low, high = path_bounds(size)
+    low = low if min_path is None else max(low, min_path)
     return lake if path is not None and low <= len(path) <= high else None
 
 
@@ -247,12 +250,15 @@ class FrozenLakeEnv(MultiTurnEnv):
         max_turns: Turn limit; default ``ceil(L / moves_per_turn) + 2`` where ``L`` is the
             path cap ``2 * size + 2`` (with ``maps``: of the largest map, or its longest
             shortest path if longer).
+        min_path: Shortest accepted start-goal path (moves) of a generated map, in
+            ``[size - 1, 2 * size + 2]``; None (default) is ``size - 1``. Raising it makes every
+            episode long (``min_path=8``: the expert needs 8+ turns) without a larger map.
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     def __init__(self, size: int = 4, hole_prob: float = 0.25, *, is_slippery: bool = False,
                  moves_per_turn: int = 1, maps: Sequence[str] | None = None, max_turns: int | None = None,
-                 tool_parser: str = "hermes") -> None:
+                 min_path: int | None = None, tool_parser: str = "hermes") -> None:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not MIN_SIZE <= size <= MAX_SIZE:
             raise ValueError(f"size must be an int in [{MIN_SIZE}, {MAX_SIZE}], got {size!r}")
         if not isinstance(hole_prob, (int, float)) or isinstance(hole_prob, bool) or not 0 <= hole_prob <= 0.6:
@@ -264,6 +270,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         if isinstance(maps, str) or (maps is not None and not maps):
             raise ValueError(f"maps must be a non-empty sequence of map strings or None, got {maps!r}")
         self.maps = tuple(parse_map(m) for m in maps) if maps is not None else None
+        low, high = path_bounds(int(size))
+        if min_path is not None and (not isinstance(min_path, (int, np.integer)) or isinstance(min_path, bool)
+                                     or not low <= min_path <= high):
+            raise ValueError(f"min_path must be None or an int in [{low}, {high}] for size {size}, got {min_path!r}")
+        self.min_path = None if min_path is None else int(min_path)
         self.size, self.hole_prob = int(size), float(hole_prob)
         self.is_slippery, self.moves_per_turn = is_slippery, int(moves_per_turn)
         longest = path_bounds(self.size)[1]
@@ -301,7 +312,7 @@ class FrozenLakeEnv(MultiTurnEnv):
                                  f"(a map is test when crc32(map text) % {TEST_BUCKETS} == 0)")
             return pool[int(rng.integers(len(pool)))]
         for _ in range(MAX_DRAWS):
-            lake = generate_map(rng, self.size, self.hole_prob)
+            lake = generate_map(rng, self.size, self.hole_prob, self.min_path)
             if lake is not None and lake.split == split:
                 return lake
         raise RuntimeError(f"no {split!r} map found in {MAX_DRAWS} draws (size={self.size}, "
