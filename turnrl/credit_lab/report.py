@@ -18,12 +18,21 @@ ALPHA = 1e-3
 """Level of the bias tests in the tables: each flags an unbiased method with probability 1e-3."""
 COLUMNS = ("sweep", "x", "method", "advantage", "loss_agg", "mdp", "group_size", "staleness", "batches", "objective", "success",
            "mean_turns", "cosine", "scale", "snr", "nmse", "step_cosine", "uphill", "p_unbiased", "p_direction",
-           "seconds")
+           "tested", "seconds")
 PLOTTED = ("grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "ppo", "ppo_raw", "gspo", "cispo", "reinforce")
 
 
 def _ordered(values):
     return list(dict.fromkeys(values))
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """The rows of a ``results.csv`` (numbers as numbers), e.g. to redraw a report."""
+    import csv
+
+    text = ("sweep", "x", "method", "advantage", "loss_agg", "mdp")
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: v if k in text else float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def sweep_table(rows: Sequence[dict], sweep: str) -> tuple[list[str], list[list[str]]]:
@@ -74,10 +83,13 @@ def plot(rows: Sequence[dict], path: str | Path) -> None:
         ax.set_ylabel("nmse per batch (lower is better)", fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    spare = len(panels) < axes.size
+    fig.legend(handles, labels, loc="lower right" if spare else "upper right", ncol=2 if spare else 1,
+               fontsize=9 if spare else 7, bbox_to_anchor=(0.95, 0.08) if spare else None)
     fig.suptitle("gradient error per batch vs the exact gradient (x: direction biased, p < 1e-3)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
