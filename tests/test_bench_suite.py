@@ -36,7 +36,8 @@ def _write(tmp_path: Path, data: dict) -> Path:
 # ------------------------------------------------------------------------- the suite file
 def test_the_credit_suite_runs_the_issues_methods_with_five_seeds_against_grpo():
     suite = load_suite("credit")
-    assert [m.name for m in suite.methods] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae"]
+    assert [m.name for m in suite.methods] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae", "gspo",
+                                               "cispo"]
     assert suite.baseline == "grpo" and len(suite.seeds) >= 5 and len(suite.envs) == 2
     assert all(any(o.startswith("env=") for o in env.overrides) for env in suite.envs)
     assert {"trainer.tasks_per_step", "trainer.group_size", "trainer.steps"} <= {o.split("=")[0] for o in suite.shared}
