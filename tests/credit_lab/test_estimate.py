@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from turnrl.algorithms.aggregation import AGGREGATIONS
+from turnrl.algorithms.config import LossConfig
 from turnrl.credit_lab.episodes import LabBatch, lab_batches, sample_episodes, to_trajectories
 from turnrl.credit_lab.estimate import (Method, batch_local, gradients, lab_methods, shipped_methods,
                                         token_logprobs)
@@ -60,11 +61,11 @@ def test_hand_chain_rule_equals_autograd(label):
     theta = THETA.clone().requires_grad_(True)
     batch = lb.batch if not method.critic else dataclasses.replace(lb.batch, values=lb.values)
     adv = method.estimator()(batch, **method.kwargs)
-    from turnrl.algorithms.policy_losses import POLICY_LOSSES
+    from turnrl.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 
-    loss, _ = POLICY_LOSSES.get(method.policy_loss)(
-        token_logprobs(theta, batch), batch.old_logprobs.double(), adv,
-        AGGREGATIONS.get(method.loss_agg)(batch.loss_mask), **method.loss_settings)
+    loss_fn = POLICY_LOSSES.get(method.loss.policy_loss)
+    loss, _ = loss_fn(token_logprobs(theta, batch), batch.old_logprobs.double(), adv,
+                      AGGREGATIONS.get(method.loss.loss_agg)(batch.loss_mask), **policy_loss_settings(loss_fn, method.loss))
     (want,) = torch.autograd.grad(-loss, theta)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
 
@@ -72,7 +73,7 @@ def test_hand_chain_rule_equals_autograd(label):
 def test_reinforce_gradient_by_hand():
     lb = one_chunk(batches=1)
     batch = lb.batch
-    got = gradients(Method("reinforce", "reinforce", loss_agg="seq-mean-token-sum"), lb, THETA)[0]
+    got = gradients(Method("reinforce", "reinforce", loss=LossConfig(loss_agg="seq-mean-token-sum")), lb, THETA)[0]
     want = torch.zeros_like(THETA)
     pi = torch.softmax(THETA, dim=1)
     for i in range(len(batch)):
@@ -107,4 +108,4 @@ def test_batches_collated_together_stay_apart():
 def test_every_algorithm_config_is_a_lab_method():
     labels = {m.label for m in shipped_methods()}
     assert {"grpo", "rloo", "gigpo", "mt_grpo", "turn_returns", "ppo", "turn_gae", "gspo", "cispo"} <= labels
-    assert {m.policy_loss for m in shipped_methods()} == {"ppo_clip", "gspo", "cispo"}
+    assert {m.loss.policy_loss for m in shipped_methods()} == {"ppo_clip", "gspo", "cispo"}

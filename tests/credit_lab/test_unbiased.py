@@ -23,7 +23,7 @@ ALPHA = 1e-3
 METHODS = {m.label: m for m in lab_methods()}
 
 
-def lab_gradients(labels, mdp, group_size, batches, loss_agg="seq-mean-token-sum", seed=0):
+def lab_gradients(labels, mdp, group_size, batches, aggregation="seq-mean-token-sum", seed=0):
     theta = policy_point(mdp, seed=0)
     ex = exact(mdp, theta)
     pi = torch.softmax(theta, dim=1).numpy()
@@ -31,7 +31,7 @@ def lab_gradients(labels, mdp, group_size, batches, loss_agg="seq-mean-token-sum
     for i, lb in enumerate(lab_batches(mdp, pi, group_size, batches, ex.values, seed)):
         for label in labels:
             assert i or batch_local(METHODS[label], lb)  # so all batches of a chunk go through at once
-            out[label].append(gradients(METHODS[label], lb, theta, loss_agg, per_batch=False))
+            out[label].append(gradients(METHODS[label], lb, theta, aggregation, per_batch=False))
     return {label: torch.cat(g).flatten(1) for label, g in out.items()}, ex.gradient.flatten()
 
 

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.config import LossConfig
 from turnrl.algorithms.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.groups import STAT_DTYPE, group_normalize, leave_one_out_centred
 from turnrl.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
@@ -86,16 +87,14 @@ class Method:
         label: the table's name for it.
         advantage: a name in ``ADVANTAGES`` or ``LAB_ESTIMATORS``.
         kwargs: the estimator's keyword arguments.
-        loss_agg: the aggregation its config ships with (a name in ``AGGREGATIONS``).
-        policy_loss: a name in ``POLICY_LOSSES``; ``loss_settings`` its keyword arguments.
+        loss: the loss settings its config ships with (``loss.loss_agg``, the aggregation;
+            ``loss.policy_loss`` and its settings, the policy loss).
     """
 
     label: str
     advantage: str
     kwargs: dict = field(default_factory=dict)
-    loss_agg: str = "token-mean"
-    policy_loss: str = "ppo_clip"
-    loss_settings: dict = field(default_factory=dict)
+    loss: LossConfig = field(default_factory=LossConfig)
 
     @property
     def critic(self) -> bool:
@@ -116,9 +115,8 @@ def shipped_methods() -> list[Method]:
     methods = []
     for path in sorted(ALGORITHM_CONFIGS.glob("*.yaml")):
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), OmegaConf.load(path)))
-        settings = policy_loss_settings(POLICY_LOSSES.get(cfg.policy_loss), cfg)
-        methods.append(Method(path.stem, cfg.advantage, dict(cfg.advantage_kwargs), cfg.loss_agg, cfg.policy_loss,
-                              settings))
+        loss = LossConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossConfig)})
+        methods.append(Method(path.stem, cfg.advantage, dict(cfg.advantage_kwargs), loss))
     return methods
 
 
@@ -129,7 +127,7 @@ def lab_methods() -> list[Method]:
     shipped = shipped_methods()
     extra = [dataclasses.replace(m, label=f"{m.label}_raw", kwargs={**m.kwargs, "normalize": False})
              for m in shipped if m.critic]
-    refs = [Method(name, name, {}, "seq-mean-token-sum") for name in LAB_ESTIMATORS.names()]
+    refs = [Method(name, name, {}, LossConfig(loss_agg="seq-mean-token-sum")) for name in LAB_ESTIMATORS.names()]
     return shipped + extra + refs
 
 
@@ -164,22 +162,24 @@ def batch_local(method: Method, lab_batch: LabBatch) -> bool:
                           rtol=1e-5, atol=1e-6)
 
 
-def gradients(method: Method, lab_batch: LabBatch, theta: torch.Tensor, loss_agg: str | None = None,
+def gradients(method: Method, lab_batch: LabBatch, theta: torch.Tensor, aggregation: str | None = None,
               per_batch: bool = True) -> torch.Tensor:
     """``[M, S, A]`` the method's ascent direction ``-dloss/dtheta`` on each of the ``M`` batches.
 
     Args:
-        loss_agg: the aggregation (None: the method's own); its weights are those of each batch.
+        aggregation: a name in ``AGGREGATIONS`` (None: the method's own); its weights are those
+            of each batch.
         per_batch: compute advantages batch by batch (always right; False is faster and right
             when ``batch_local``).
     """
     batch = lab_batch.batch
     adv = advantages(method, lab_batch, per_batch)
-    aggregate = AGGREGATIONS.get(loss_agg or method.loss_agg)
+    aggregate = AGGREGATIONS.get(aggregation or method.loss.loss_agg)
     weights = torch.cat([aggregate(batch.loss_mask[rows]) for rows in lab_batch.slices])
     logp = token_logprobs(theta.detach(), batch).requires_grad_(True)
-    loss, _ = POLICY_LOSSES.get(method.policy_loss)(logp, batch.old_logprobs.to(logp.dtype), adv, weights,
-                                                    **method.loss_settings)
+    loss_fn = POLICY_LOSSES.get(method.loss.policy_loss)
+    loss, _ = loss_fn(logp, batch.old_logprobs.to(logp.dtype), adv, weights,
+                      **policy_loss_settings(loss_fn, method.loss))
     (dlogp,) = torch.autograd.grad(loss, logp)
     which = torch.cat([torch.full((r.stop - r.start,), b) for b, r in enumerate(lab_batch.slices)])
     return score_contraction(-dlogp, theta, batch, which, len(lab_batch.slices))

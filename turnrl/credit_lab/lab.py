@@ -47,7 +47,7 @@ class Cell:
         sweep: the sweep it belongs to; ``x`` its value of the swept knob (a table column).
         mdp: a name in ``turnrl.credit_lab.mdp.MDPS``; ``mdp_kwargs`` its knobs.
         group_size: samples per task (every task of the MDP is in every batch).
-        loss_agg: the aggregation every method is run with.
+        aggregation: the loss aggregation every method is run with.
         competence / noise / policy_seed: the policy point (``exact.policy_point``).
         staleness: the sampler's policy is ``theta + staleness * N(0, 1)`` (seeded by
             ``policy_seed + 1``) while the gradient is taken at ``theta``: stale samples, their
@@ -59,7 +59,7 @@ class Cell:
     mdp: str
     mdp_kwargs: dict = field(default_factory=dict)
     group_size: int = 8
-    loss_agg: str = UNBIASED_AGG
+    aggregation: str = UNBIASED_AGG
     competence: float = 1.0
     noise: float = 0.5
     policy_seed: int = 0
@@ -98,7 +98,7 @@ def ragged_sweep() -> list[Cell]:
 
 @SWEEPS.register("aggregation")
 def aggregation_sweep() -> list[Cell]:
-    return [Cell("aggregation", agg, "corridor", {"length": 4, "horizon": 12, "stop_prob": 0.1}, loss_agg=agg)
+    return [Cell("aggregation", agg, "corridor", {"length": 4, "horizon": 12, "stop_prob": 0.1}, aggregation=agg)
             for agg in ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
 
 
@@ -131,12 +131,12 @@ def run_cell(cell: Cell, batches: int, seed: int = 0, methods: Sequence[Method] 
             local = {m.label: batch_local(m, lab_batch) for m in methods}
         mean_turns.append(float(lab_batch.batch.num_turns.double().mean()))
         for m in methods:
-            grads[m.label].append(gradients(m, lab_batch, theta, cell.loss_agg, per_batch=not local[m.label]))
+            grads[m.label].append(gradients(m, lab_batch, theta, cell.aggregation, per_batch=not local[m.label]))
     seconds = time.perf_counter() - start
     rows = []
     for m in methods:
         row = {"sweep": cell.sweep, "x": cell.x, "method": m.label, "advantage": m.advantage,
-               "loss_agg": cell.loss_agg, "mdp": mdp.name, "group_size": cell.group_size, "staleness": cell.staleness, "batches": batches,
+               "loss_agg": cell.aggregation, "mdp": mdp.name, "group_size": cell.group_size, "staleness": cell.staleness, "batches": batches,
                "objective": ex.objective, "success": ex.success, "mean_turns": sum(mean_turns) / len(mean_turns),
                "seconds": seconds}
         row.update(summarize(torch.cat(grads[m.label]).flatten(1), ex.gradient))
