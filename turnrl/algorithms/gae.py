@@ -51,7 +51,8 @@ def token_rewards(batch: TrainBatch) -> torch.Tensor:
     last = last.cummax(dim=1).values
     has = (last >= 0) & turn_valid(batch.num_turns, k_max)
     target = cols.gather(1, last.clamp(min=0))
-    return out.scatter_add(1, target, torch.where(has, batch.turn_rewards, torch.zeros_like(batch.turn_rewards)))
+    rewards = torch.where(has, batch.turn_rewards, torch.zeros_like(batch.turn_rewards)).to(out.dtype)
+    return out.scatter_add(1, target, rewards)
 
 
 def _recursion(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
