@@ -5,6 +5,7 @@ the reports' numbers agree with the runs they summarise."""
 import csv
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,16 +153,17 @@ def test_the_reports_hold_every_run_and_differences_consistent_with_them(tmp_pat
 def test_the_cli_subcommand_runs_the_chosen_part_of_the_suite(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_run_suite(suite, out, overrides, progress):
-        seen.update(methods=[m.name for m in suite.methods], seeds=suite.seeds, overrides=overrides)
+    def fake_run_suite(suite, out, overrides, progress, workers):
+        seen.update(methods=[m.name for m in suite.methods], seeds=suite.seeds, overrides=overrides, workers=workers)
         out.mkdir(parents=True)
         write_reports(suite, RECORDS, out)
 
     monkeypatch.setattr(bench_suite, "run_suite", fake_run_suite)
     path = _write(tmp_path, _suite())
     code = cli_main(["bench", "--suite", str(path), "--methods", "rloo", "--seeds", "0", "1", "--out",
-                     str(tmp_path / "out"), "--", "trainer.steps=3"])
-    assert code == 0 and seen == {"methods": ["grpo", "rloo"], "seeds": (0, 1), "overrides": ["trainer.steps=3"]}
+                     str(tmp_path / "out"), "--workers", "2", "--", "trainer.steps=3"])
+    assert code == 0 and seen == {"methods": ["grpo", "rloo"], "seeds": (0, 1), "overrides": ["trainer.steps=3"],
+                                  "workers": 2}
     assert "| rloo | 2 |" in capsys.readouterr().out
     assert cli_main(["bench", "--suite", str(path), "--envs", "maze"]) == 2
     assert "has no env ['maze']" in capsys.readouterr().err
@@ -175,6 +177,24 @@ def test_an_interrupted_run_is_not_recorded_and_the_command_exits_130(tmp_path, 
                      "trainer.steps=5"])
     assert code == 130 and "run the same command again" in capsys.readouterr().err
     assert not list((tmp_path / "out").rglob(bench_suite.RECORD_FILE))
+
+
+@pytest.mark.slow  # composes every cell (Hydra): seconds
+@pytest.mark.parametrize("shared_seed, warm_starts", [([], [0, 1]), (["agent.warmstart.seed=0"], [0])])
+def test_cells_run_seed_by_seed_after_one_warm_start_per_cache_entry(tmp_path, monkeypatch, shared_seed, warm_starts):
+    order, made = [], []
+
+    def train_cell(cfg, run_dir, label, env):
+        order.append((label, cfg.seed))
+        return replace(RECORDS[0], algorithm=label, seed=cfg.seed, env=env)
+
+    monkeypatch.setattr(bench_suite, "train_cell", train_cell)
+    monkeypatch.setattr(bench_suite, "fill_warm_start_cache", lambda cfg, progress: made.append(cfg.seed))
+    path = _write(tmp_path, _suite())
+    assert cli_main(["bench", "--suite", str(path), "--out", str(tmp_path / "out"), "--no-progress", "--", *FAST,
+                     *shared_seed]) == 0
+    assert order == [("grpo", 0), ("rloo", 0), ("grpo", 1), ("rloo", 1)]
+    assert made == warm_starts  # each cache entry once (a cell's entry: its env, agent and warm start seed)
 
 
 # ------------------------------------------------------------------------- end to end: 1 env x 2 methods x 2 seeds
@@ -208,6 +228,9 @@ def test_the_suite_trains_every_cell_and_writes_every_report(finished):
     assert summary["grpo"]["diff_mean"] == ""
     record = json.loads((out / "guess" / "rloo" / "seed1" / bench_suite.RECORD_FILE).read_text())
     assert [step for step, _ in record["record"]["evals"]] == [0, 1, 2]
+    # one warm start per seed, made once and loaded by both methods: they start RL from one model
+    assert len([p for p in (out / bench_suite.WARM_START_DIR).iterdir() if (p / "warmstart.json").is_file()]) == 2
+    assert {(r["seed"], r["before"]) for r in runs[:2]} == {(r["seed"], r["before"]) for r in runs[2:]}
 
 
 @pytest.mark.slow
@@ -238,3 +261,26 @@ def test_a_rerun_with_another_config_refuses_the_finished_runs(finished, capsys)
     path, out = finished
     assert suite_main(["--suite", str(path), "--out", str(out), "--", *FAST, "trainer.eval_episodes=4"]) == 2
     assert "differs in ['trainer.eval_episodes']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_workers_and_a_shared_warm_start_give_the_serial_runs_results(tmp_path):
+    """``--workers 2`` trains cells in two processes; with ``agent.warmstart.cache`` and a fixed
+    ``agent.warmstart.seed`` the suite makes the one warm start first and every cell loads it.
+    The records equal a serial suite's (each run's figures depend only on its config)."""
+    path = _write(tmp_path, _suite())
+    shared = [*FAST, f"agent.warmstart.cache={tmp_path / 'cache'}", "agent.warmstart.seed=0"]
+    assert suite_main(["--suite", str(path), "--out", str(tmp_path / "par"), "--no-progress", "--workers", "2", "--",
+                       *shared]) == 0
+    entries = list((tmp_path / "cache").iterdir())
+    assert len(entries) == 1 and (entries[0] / "warmstart.json").is_file()
+    assert suite_main(["--suite", str(path), "--out", str(tmp_path / "ser"), "--no-progress", "--", *shared]) == 0
+
+    def rows(out):
+        return [{k: r[k] for k in ("env", "method", "seed", "before", "final", "sampled_tokens")}
+                for r in csv.DictReader((out / "results.csv").open())]
+
+    assert rows(tmp_path / "par") == rows(tmp_path / "ser") and len(rows(tmp_path / "ser")) == 4
+    # every cell started RL from the same warm-started model: the same held-out success before RL
+    assert len({r["before"] for r in rows(tmp_path / "ser")}) == 1

@@ -80,6 +80,48 @@ def test_training_from_a_saved_checkpoint_path_uses_the_same_code_path(tmp_path)
     assert second.evals[0][1] == first.evals[-1][1]
 
 
+def test_a_cached_warm_start_gives_the_run_a_fresh_warm_start_gives(tmp_path, caplog):
+    """``agent.warmstart.cache``: the first run saves its warm-started model, the next loads it
+    instead of warm-starting, and trains exactly as a run without the cache; a changed warm
+    start setting is a new entry. ``agent.warmstart.seed`` makes runs of other seeds share it."""
+    from turnrl.warmstart import cache_key
+
+    def run(name, cache=True, **changes):
+        cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32, "n_min": 16}, steps=2,
+                                           eval_every=2, eval_episodes=16))
+        cfg.agent.warmstart.steps = 20
+        cfg.agent.warmstart.cache = str(tmp_path / "cache") if cache else None
+        for key, value in changes.items():
+            OmegaConf.update(cfg, key, value)
+        cfg = OmegaConf.to_object(cfg)
+        return cfg, train(cfg, tmp_path / name)
+
+    def figures(result):
+        return [(row["reward"], row["entropy"], row["grad_norm"]) for row in result.train], result.evals
+
+    plain_cfg, plain = run("plain", cache=False)
+    assert not (tmp_path / "cache").exists()
+    first_cfg, first = run("first")
+    entries = list((tmp_path / "cache").iterdir())
+    assert [e.name for e in entries] == [cache_key(first_cfg)]
+    assert json.loads((entries[0] / "warmstart.json").read_text())["losses"][-1] < 3
+    caplog.set_level("INFO", logger="turnrl")
+    caplog.clear()
+    second_cfg, second = run("second")
+    assert f"warm start: reusing {entries[0]}" in caplog.text
+    assert "warm start: 20 steps" not in caplog.text
+    assert figures(first) == figures(plain) == figures(second)
+    # a new warm start setting, or another seed, is another entry; a shared warm start seed is not
+    assert cache_key(OmegaConf.to_object(OmegaConf.merge(first_cfg, {"agent": {"warmstart": {"lr": 1e-4}}}))) \
+        != cache_key(first_cfg)
+    assert cache_key(OmegaConf.to_object(OmegaConf.merge(first_cfg, {"seed": 1}))) != cache_key(first_cfg)
+    # how RL samples does not change the warm start
+    assert cache_key(OmegaConf.to_object(OmegaConf.merge(first_cfg, {"agent": {"temperature": 0.7}}))) \
+        == cache_key(first_cfg)
+    shared = OmegaConf.to_object(OmegaConf.merge(first_cfg, {"agent": {"warmstart": {"seed": 0}}}))
+    assert cache_key(OmegaConf.to_object(OmegaConf.merge(shared, {"seed": 1}))) == cache_key(shared)
+
+
 def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
     from turnrl.record import warn_once
 

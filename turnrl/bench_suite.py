@@ -5,7 +5,10 @@ A suite (``turnrl/conf/suite/NAME.yaml``, format in ``credit.yaml``) names envs,
 algorithm config plus overrides), seeds, a baseline method and a success threshold. Every
 (env, method, seed) is a *cell*: one ``turnrl.trainer.train`` run in ``OUT/ENV/METHOD/seedN``.
 ``plan_cells`` composes and validates every cell's config before any trains, and checks that
-the methods of an env share the sample budget and the evaluation. ``run_suite`` trains the
+the methods of an env share the sample budget and the evaluation. Warm starts are made once
+per (env, seed) into ``OUT/warm_start`` (``agent.warmstart.cache``) and loaded by every method's
+run, so the methods of a seed start RL from the same model; ``agent.warmstart.seed=N`` in the
+suite's overrides makes every seed share one. ``run_suite`` trains the
 cells not finished yet (a finished cell holds ``bench_record.json``; a rerun of the same command
 skips it), then writes into the out dir:
 
@@ -22,10 +25,12 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import os
 import re
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -37,11 +42,15 @@ from turnrl.bench_report import (RUN_COLUMNS, RunRecord, plot_panels, run_rows, 
                                  summary_csv_rows, write_csv)
 from turnrl.bench_stats import MethodSummary, pointwise_band, summarize
 from turnrl.conf.schema import Config
+from turnrl.warmstart import cache_path, cached, save_to_cache, warm_start_as_configured
 
 CONF = Path(__file__).resolve().parent / "conf"
 SUITES = CONF / "suite"
 # file a finished cell's run dir holds: its RunRecord and the config it ran
 RECORD_FILE = "bench_record.json"
+# the out dir's folder of warm-started models (agent.warmstart.cache of every cell that sets none):
+# the cells of one seed and env share a warm start, made once, so methods start RL from the same model
+WARM_START_DIR = "warm_start"
 # trainer fields every method of an env must share: the sample budget (steps x tasks_per_step x
 # group_size episodes) and the held-out evaluation the figures are read from
 BUDGET_KEYS = ("steps", "tasks_per_step", "group_size", "eval_every", "eval_episodes")
@@ -294,6 +303,8 @@ def plan_cells(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> 
                 composed = compose_config([*suite.shared, *env.overrides, *method.overrides, f"seed={suite.seeds[0]}",
                                            *overrides])
                 validate(composed)
+                if composed.agent.warmstart.cache is None:  # methods of a seed share its warm start
+                    composed.agent.warmstart.cache = str(out / WARM_START_DIR)
             except Exception as e:  # Hydra's and validate's errors, with the cell they are about
                 raise SuiteError(f"env {env.name}, method {method.name}: {e}") from e
             for seed in suite.seeds:
@@ -339,41 +350,104 @@ def _write_record(run_dir: Path, record: RunRecord, cfg) -> None:
 
 
 # ------------------------------------------------------------------------- running and reporting
-def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), progress: bool = True) -> list[RunRecord]:
+def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), progress: bool = True,
+              workers: int = 1) -> list[RunRecord]:
     """Train every cell not finished yet, then write the reports; returns every cell's record.
 
     A cell's run dir without a record (an interrupted run) is cleared and trained again, unless
     the overrides resume runs (``trainer.resume=true`` with ``trainer.checkpoint_every``), in
     which case it continues from its last checkpoint (its wall time then counts the part run
-    since). Each finished run is recorded at once, so an interrupted suite loses at most the run
-    in progress.
+    since). Each finished run is recorded at once, so an interrupted suite loses at most the runs
+    in progress. The warm starts the cells keep (``agent.warmstart.cache``) are made first, once
+    per entry (``fill_warm_start_cache``, by the workers when there are several), so no two runs
+    make the same one.
+
+    Args:
+        workers: cells trained at once, each in a process of its own (spawned). Each run still
+            takes ``trainer.threads`` torch threads: keep ``workers x trainer.threads`` at most
+            the cores (e.g. ``--workers 2 -- trainer.threads=1`` on 2 cores).
 
     Raises:
         SuiteError: As ``plan_cells``, before any training.
-        KeyboardInterrupt: On Ctrl-C (the run in progress is not recorded).
+        KeyboardInterrupt: On Ctrl-C (the runs in progress are not recorded).
     """
     out = Path(out)
     cells = plan_cells(suite, out, overrides)
     out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(json.dumps({**asdict(suite), "overrides": list(overrides)}, indent=1))
-    todo = [c for c in cells if c.record is None]
+    # seed by seed (each env's first seed for every method, then the next): a suite stopped early
+    # leaves whole seeds, with every method paired
+    env_order = [e.name for e in suite.envs]
+    todo = sorted((c for c in cells if c.record is None), key=lambda c: (env_order.index(c.env), c.seed))
+    entries: dict[Path, Config] = {}  # each warm start to make, with the config of its first cell
+    for cell in todo:
+        if cache_path(cell.cfg) is not None and cached(cell.cfg) is None:
+            entries.setdefault(cache_path(cell.cfg), cell.cfg)
+    warm = list(entries.values())
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"suite {suite.name}", unit="run",
                disable=not progress)
     for cell in todo:
-        bar.set_postfix_str(f"{cell.env} {cell.method} seed {cell.seed}")
         if cell.run_dir.exists() and not cell.cfg.trainer.resume:
             shutil.rmtree(cell.run_dir)  # an unfinished run's leftovers (its log would be appended to)
-        record = train_cell(cell.cfg, cell.run_dir, cell.method, cell.env)
-        if record.evals[-1][0] != cell.cfg.trainer.steps:  # train() stops early, and returns, on Ctrl-C
-            bar.close()
-            raise KeyboardInterrupt(f"interrupted in {cell.run_dir}")
-        _write_record(cell.run_dir, record, cell.cfg)
-        cell.record = record
-        bar.update()
-    bar.close()
+    try:
+        if workers <= 1:
+            for cfg in warm:
+                bar.set_postfix_str(f"warm start: env {cfg.env.id} seed {cfg.seed}")
+                fill_warm_start_cache(cfg, progress)
+            for cell in todo:
+                bar.set_postfix_str(f"{cell.env} {cell.method} seed {cell.seed}")
+                cell.record = _train_and_record(cell)
+                bar.update()
+        else:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                try:
+                    bar.set_postfix_str(f"{len(warm)} warm start(s)")
+                    for done in as_completed([pool.submit(fill_warm_start_cache, cfg, False) for cfg in warm]):
+                        done.result()
+                    running = {pool.submit(_train_and_record, cell): cell for cell in todo}
+                    for done in as_completed(running):
+                        cell = running[done]
+                        cell.record = done.result()
+                        bar.set_postfix_str(f"done: {cell.env} {cell.method} seed {cell.seed}")
+                        bar.update()
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+    finally:
+        bar.close()
     records = [c.record for c in cells]
     write_reports(suite, records, out, overrides)
     return records
+
+
+def _train_and_record(cell: Cell) -> RunRecord:
+    """Train one cell and write its record (in a worker process when the suite has several)."""
+    record = train_cell(cell.cfg, cell.run_dir, cell.method, cell.env)
+    if record.evals[-1][0] != cell.cfg.trainer.steps:  # train() stops early, and returns, on Ctrl-C
+        raise KeyboardInterrupt(f"interrupted in {cell.run_dir}")
+    _write_record(cell.run_dir, record, cell.cfg)
+    return record
+
+
+def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
+    """Make the ``agent.warmstart.cache`` entry of ``cfg`` unless it exists: build the agent and
+    warm-start it exactly as a run of ``cfg`` would (``turnrl.build.build_agent``,
+    ``turnrl.warmstart.warm_start_as_configured``), then save it. Returns the entry (None: ``cfg``
+    keeps no warm start)."""
+    import torch
+
+    from turnrl.agents.renderer import ChatRenderer
+    from turnrl.build import build_agent, env_factory
+
+    if cache_path(cfg) is None or cached(cfg) is not None:
+        return cached(cfg)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    env_fn = env_factory(cfg)
+    model, tokenizer = build_agent(cfg, env_fn)
+    renderer = ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs)
+    losses = warm_start_as_configured(cfg, model, renderer, env_fn(), progress=progress)
+    return save_to_cache(cfg, model, tokenizer, losses)
 
 
 def write_reports(suite: Suite, records: Sequence[RunRecord], out: str | Path,
@@ -407,7 +481,7 @@ def run_from_args(args) -> int:
         return 2
     out = Path(args.out or f"bench-{suite.name}")
     try:
-        run_suite(suite, out, args.overrides, progress=args.progress)
+        run_suite(suite, out, args.overrides, progress=args.progress, workers=args.workers)
     except SuiteError as e:
         print(f"turnrl bench: error: {e}", file=sys.stderr)
         return 2

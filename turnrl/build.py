@@ -20,6 +20,7 @@ from turnrl.agents.tokenizer import CHAT_TEMPLATE, build_tokenizer
 from turnrl.agents.weights import unwrap_model
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.conf.schema import Config
+from turnrl.warmstart import warmstart_seed
 
 
 def env_factory(cfg: Config) -> Callable[[], gymnasium.Env]:
@@ -119,7 +120,8 @@ def agent_tool_parser(cfg: Config) -> str:
 
 
 def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
-    """Load ``cfg.agent.path`` or build the tiny model and a tokenizer trained on the env's texts."""
+    """Load ``cfg.agent.path`` or build the tiny model (initialised with ``warmstart_seed(cfg)``)
+    and a tokenizer trained on the env's texts."""
     agent = cfg.agent
     if agent.path:
         return load_pretrained(agent.path, agent.dtype)
@@ -127,7 +129,7 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     corpus = corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="expert")
     corpus += corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="weak")
     tokenizer = build_tokenizer(corpus, agent.tokenizer.vocab_size, agent.tokenizer.max_number)
-    return build_tiny_model(agent.model, tokenizer, seed=cfg.seed), tokenizer
+    return build_tiny_model(agent.model, tokenizer, seed=warmstart_seed(cfg)), tokenizer
 
 
 BACKENDS = ("transformers", "vllm", "http")

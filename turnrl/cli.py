@@ -99,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                        help="the suite's methods to run (default: all; the baseline always runs)")
     bench.add_argument("--out", default=None, help="output folder (default ./bench-SUITE); rerun into it to resume")
+    bench.add_argument("--workers", type=_positive_int, default=1,
+                       help="runs trained at once, each in its own process (default 1); each takes trainer.threads "
+                            "torch threads, so keep workers x trainer.threads at most the cores, e.g. "
+                            "--workers 2 -- trainer.threads=1")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
     bench.add_argument("overrides", nargs="*", help="Hydra overrides of every run, after -- (applied last)")
     bench.set_defaults(run=_bench)

@@ -20,6 +20,7 @@ from turnrl.build import build_agent, env_factory
 from turnrl.checkpoint import Checkpoint, checkpoint_steps, read_checkpoint, resolve_resume, restore_log
 from turnrl.conf.schema import Config
 from turnrl.logger import RunLogger
+from turnrl.warmstart import cached
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class Run:
         policy: a ``TransformersPolicy`` over ``model`` itself, seeded ``seed + rank``.
         logger: the metrics log (this process's; the main one writes ``metrics.jsonl``).
         resumed: the checkpoint this run continues (``trainer.resume``), or None.
+        warm_cached: the ``agent.warmstart.cache`` entry the model was loaded from (its warm
+            start is done), or None.
     """
 
     cfg: Config
@@ -91,6 +94,7 @@ class Run:
     policy: TransformersPolicy
     logger: RunLogger
     resumed: Checkpoint | None = None
+    warm_cached: Path | None = None
 
 
 def start_run(cfg: Config, run_dir: str | Path) -> Run:
@@ -109,7 +113,11 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
         torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     env_fn = env_factory(cfg)
-    if resumed is None:
+    warm_cached = cached(cfg) if resumed is None else None
+    if warm_cached is not None:  # a run with the same settings warm-started this model
+        log.info("warm start: reusing %s", warm_cached)
+        model, tokenizer = load_pretrained(str(warm_cached), cfg.agent.dtype if cfg.agent.path else "float32")
+    elif resumed is None:
         model, tokenizer = build_agent(cfg, env_fn)
     else:  # the policy as it was at the checkpoint, and the run's log up to it
         model, tokenizer = load_pretrained(str(resumed.model_dir), resumed.state.dtype)
@@ -126,7 +134,7 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
     log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
     policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + procs.rank)
     return Run(cfg, run_dir, procs, env_fn, model, tokenizer, ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs),
-               policy, logger, resumed)
+               policy, logger, resumed, warm_cached)
 
 
 def checkpoint_to_resume(cfg: Config, run_dir: Path) -> Checkpoint | None:

@@ -1,4 +1,5 @@
-"""The stages before RL, each on the policy in place: the supervised warm start, a learned
+"""The stages before RL, each on the policy in place: the supervised warm start (or its
+``agent.warmstart.cache`` entry, loaded by ``start_run``), a learned
 reward model (RL is then rewarded by it) and DPO; and the start-up check that a separate
 sampler (a vLLM engine, rollout servers) serves the learner's weights.
 
@@ -23,7 +24,7 @@ from turnrl.conf.schema import Config
 from turnrl.envs.reward_model import RewardModelReward
 from turnrl.rollout.collector import RolloutCollector, Task
 from turnrl.run import Run
-from turnrl.warmstart import warm_start
+from turnrl.warmstart import save_to_cache, warm_start_as_configured
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,10 @@ def pre_rl_stages(run: Run) -> PreRL:
     """Warm start, reward model and DPO as configured (a resumed run only reloads its reward
     model); logs each stage's figures (``reward_model``, ``dpo`` rows)."""
     cfg, resumed = run.cfg, run.resumed
-    if resumed is None:
-        ws = cfg.agent.warmstart
-        losses = warm_start(run.model, run.renderer, run.env_fn(), ws.steps, ws.batch_size, ws.lr, ws.player,
-                            seed=cfg.seed, progress=cfg.trainer.progress)
-        if losses:
-            log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    if resumed is None and run.warm_cached is None:
+        losses = warm_start_as_configured(cfg, run.model, run.renderer, run.env_fn(), progress=cfg.trainer.progress)
+        if losses and run.procs.main:
+            save_to_cache(cfg, run.model, run.tokenizer, losses)
     stages = PreRL(run.env_fn)
     if cfg.reward_model.steps > 0:  # RL is rewarded by a learned model; evaluation keeps the verifier
         if resumed is None:

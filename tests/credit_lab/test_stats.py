@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from turnrl.credit_lab.stats import betainc, f_sf, hotelling_p, summarize
+from turnrl.credit_lab.stats import hotelling_p, summarize
+from turnrl.special import betainc, f_sf
 
 
 def test_incomplete_beta_and_f_tail_closed_forms():

@@ -64,6 +64,39 @@ def test_edge_hole_and_goal_rules():
     assert (reward, terminated, info["success"], info["turn"]) == (1.0, True, True, 4)
 
 
+def test_local_view_shows_the_goal_offset_and_the_neighbours_instead_of_the_map():
+    env, obs, info = fixed(SMALL, view="local")
+    assert "You do not see the map" in obs[0]["content"] and "Legend" not in obs[0]["content"]
+    assert obs[1]["content"] == ("Goal: 2 down, 2 right. Next to you: up edge, down ice, left edge, right ice.\n"
+                                 "Reply with one move: up, down, left or right.")
+    obs, *_ = env.step("right")
+    assert obs[0]["content"] == "right: moved\nGoal: 2 down, 1 right. Next to you: up edge, down ice, left ice, right hole."
+    obs, *_ = env.step("down")
+    assert obs[0]["content"].endswith("Goal: 1 down, 1 right. Next to you: up ice, down ice, left ice, right ice.")
+    obs, *_ = env.step("down")
+    assert obs[0]["content"].endswith("Goal: 1 right. Next to you: up ice, down edge, left hole, right goal.")
+    obs, reward, terminated, _, info = env.step("right")
+    assert obs[0]["content"] == "right: reached the goal\nYou reached the goal!" and info["success"]
+    # the same episode on the map view differs only in what each observation shows
+    assert info["state_key"] == (2, 2) and info["turn"] == 4
+
+
+def test_local_player_heads_for_the_goal_around_holes_but_has_no_memory():
+    env, _, _ = fixed(SMALL, view="local")
+    moves = []
+    while env.position != parse_map(SMALL).goal:
+        moves.append(env.local_action())
+        env.step(moves[-1])
+    assert moves == ["down", "right", "down", "right"]
+    # behind a wall of holes it walks back and forth: the local view alone does not solve every map
+    env, _, _ = fixed("S.../OOO./.G../....", view="local")
+    played = []
+    for _ in range(4):
+        played.append(env.local_action())
+        env.step(played[-1])
+    assert played == ["right", "left", "right", "left"] and env.position == (0, 0)
+
+
 def test_several_moves_per_turn_stop_at_the_end_and_report_dropped_ones():
     env, _, _ = fixed(SMALL, moves_per_turn=4)
     *_, reward, terminated, _, info = env.step("down right down right")
@@ -212,6 +245,7 @@ def test_fixed_maps_accept_gymnasium_symbols():
     ({"maps": ["SO/OG"]}, "unsolvable"),
     ({"maps": ["S../.G"]}, "must be square"),
     ({"maps": ["S./.."]}, "exactly one S and one G"),
+    ({"view": "global"}, "view must be one of"),
 ])
 def test_bad_kwargs_are_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -239,6 +273,8 @@ def test_hydra_long_horizon_config_builds_long_episodes():
     register_configs()
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=frozen_lake_long"]))
-    assert cfg.agent.warmstart.player == "expert" and cfg.trainer.tasks_per_step == 4
+    assert cfg.trainer.tasks_per_step == 4 and cfg.agent.warmstart.player == "expert"
     env = env_factory(cfg)().unwrapped
-    assert env.size == 5 and env.min_path == 8 and env.max_turns == 14
+    assert env.size == 6 and env.min_path == 8 and env.max_turns == 16 and env.view == "local"
+    obs, info = env.reset(seed=0)
+    assert obs[1]["content"].startswith("Goal: ") and len(shortest_path(env._task, env.position)) >= 8

@@ -83,3 +83,36 @@ def test_binary_search_solves_every_secret_in_6_turns():
         assert info["success"]
         solved.add(env.task)
     assert solved == set(env.split_tasks("train")) | set(env.split_tasks("test"))
+
+
+@pytest.mark.slow  # composes the config (Hydra) and plays 400 episodes: seconds
+def test_the_long_horizon_config_needs_8_or_more_turns_of_the_warm_started_player():
+    """``env=guess_number_long``: binary search needs up to 8 guesses on ranges 128..255, and
+    the scan-leaning weak player it warm-starts on takes most of the 12 turns."""
+    import numpy as np
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from turnrl.build import env_factory
+    from turnrl.conf.schema import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=guess_number_long"]))
+    assert cfg.agent.warmstart.steps == 400 and cfg.agent.warmstart.player == "weak"
+    env = env_factory(cfg)().unwrapped
+    assert (env.n, env.n_min, env.max_turns) == (255, 128, 12)
+    rng = np.random.default_rng(0)
+    turns = {"expert": [], "weak": []}
+    for seed in range(200):
+        for player in turns:
+            env.reset(seed=seed, options={"split": "test"})
+            for turn in range(1, 13):
+                action = env.expert_action() if player == "expert" else env.weak_expert_action(rng)
+                *_, terminated, truncated, info = env.step(action)
+                if terminated or truncated:
+                    break
+            assert info["success"] or player == "weak"
+            turns[player].append(turn)
+    assert max(turns["expert"]) == 8 and np.mean(turns["expert"]) > 6
+    assert np.mean(turns["weak"]) > 10

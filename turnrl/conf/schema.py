@@ -75,6 +75,14 @@ class WarmStartConfig:
     batch_size: int = 32
     # Adam learning rate of the warm start
     lr: float = 1e-3
+    # seed of the tiny model's initialisation and of the warm start's episodes; null is the run's
+    # seed. Set it to start RL from the same warm-started model whatever the run's seed (runs that
+    # differ in seed then differ in RL only)
+    seed: Optional[int] = None
+    # folder that keeps warm-started models for reuse: a run looks for the one its settings make
+    # (a hash of env, agent and the warm start's seed) and loads it instead of building the model
+    # and warm-starting it, or saves its own there for the next run. null: no reuse
+    cache: Optional[str] = None
 
 
 @dataclass

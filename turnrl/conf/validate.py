@@ -94,6 +94,7 @@ def problems(cfg: Config) -> list[str]:
     at_least = [
         ("algorithm.ppo_epochs", algo.ppo_epochs, 1), ("algorithm.num_minibatches", algo.num_minibatches, 1),
         ("algorithm.critic_epochs", algo.critic_epochs, 1), ("trainer.micro_batch_size", trainer.micro_batch_size, 1),
+        ("trainer.eval_every", trainer.eval_every, 1),
         ("trainer.lora_rank", trainer.lora_rank, 0), ("algorithm.kl_coef", algo.kl_coef, 0),
         *((f"algorithm.{name}", getattr(algo, name), 0)
           for name in ("gspo_clip_low", "gspo_clip_high", "cispo_clip_low", "cispo_clip_high")),

@@ -25,38 +25,7 @@ import math
 
 import torch
 
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function ``I_x(a, b)`` (continued fraction, Lentz)."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"x must be in [0, 1], got {x}")
-    if x in (0.0, 1.0):
-        return x
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - betainc(b, a, 1.0 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    f = d
-    for m in range(1, 10_000):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return front * f
-
-
-def f_sf(f: float, d1: float, d2: float) -> float:
-    """``P(F > f)`` for ``F ~ F(d1, d2)``."""
-    if f <= 0:
-        return 1.0
-    return betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
+from turnrl.special import f_sf
 
 
 def hotelling_p(samples: torch.Tensor, scale: float | None = None, rel_tol: float = 1e-8) -> tuple[float, int]:

@@ -25,6 +25,12 @@ Observation Space:
     hole"``, ``"left: reached the goal"``) and then the map, or the verdict when the episode
     ends. A reply without a move gets ``"No move found. <format>"``; the turn still counts.
 
+    ``view="local"`` shows, instead of the map, where the goal lies and what is next to the
+    player: ``"Goal: 2 down, 3 right. Next to you: up edge, down ice, left hole, right
+    ice."`` (cells ``ice``, ``hole``, ``goal``, ``edge``), about 20 tokens a turn instead of a
+    whole map. It is partially observable (a dead end behind a wall of holes is not seen) and
+    keeps long episodes short in tokens.
+
 Rewards:
     1.0 on the turn the player reaches the goal, 0.0 otherwise (also for falling in a hole).
 
@@ -50,6 +56,8 @@ Scripted players:
     maximises the chance to reach the goal in the turns left (``slippery_plan``, exact dynamic
     programming). ``random_action`` plays ``moves_per_turn`` uniformly random moves;
     ``weak_expert_action`` plays the expert's moves with p=0.4, else random ones.
+    ``local_action`` is the best a player seeing only the local view can do without memory:
+    a step toward the goal that is not a hole (the larger offset first), else a sideways one.
     Measured with ``python -m turnrl baselines turnrl/FrozenLake-v0 --episodes 200`` (default
     kwargs), success (mean turns): test random 0.11 (6.1), weak 0.52 (6.2), expert 1.00
     (3.9); train random 0.07, weak 0.52, expert 1.00. Other settings (seeds 0..199 of both
@@ -78,6 +86,8 @@ from turnrl.tools import ParseResult, ToolResult
 __all__ = ["FrozenLakeEnv", "LakeMap", "generate_map", "parse_map", "shortest_path", "slippery_plan"]
 
 START, GOAL, HOLE, ICE, PLAYER = "S", "G", "O", ".", "P"
+VIEWS = ("map", "local")
+CELL_WORDS = {ICE: "ice", START: "ice", HOLE: "hole", GOAL: "goal"}
 MIN_SIZE, MAX_SIZE = 3, 8
 TEST_BUCKETS = 4  # one hash bucket in four is the test split
 MAX_DRAWS = 10_000
@@ -127,6 +137,18 @@ class LakeMap:
                 cells[player[1]] = PLAYER
             lines.append("".join(cells))
         return "\n".join(lines)
+
+    def render_local(self, player: Pos) -> str:
+        """The local view: the goal's offset and the four neighbouring cells, e.g.
+        ``"Goal: 2 down, 3 right. Next to you: up edge, down ice, left hole, right ice."``"""
+        (gr, gc), (r, c) = self.goal, player
+        offsets = [f"{abs(d)} {name}" for d, name in ((gr - r, "down" if gr > r else "up"),
+                                                      (gc - c, "right" if gc > c else "left")) if d]
+        around = []
+        for move in MOVES:
+            nxt = step_pos(self.size, player, move)
+            around.append(f"{move} {'edge' if nxt == player else CELL_WORDS[self.cell(nxt)]}")
+        return f"Goal: {', '.join(offsets) or 'here'}. Next to you: {', '.join(around)}."
 
     def _find(self, symbol: str) -> Pos:
         for r, row in enumerate(self.rows):
@@ -253,12 +275,14 @@ class FrozenLakeEnv(MultiTurnEnv):
         min_path: Shortest accepted start-goal path (moves) of a generated map, in
             ``[size - 1, 2 * size + 2]``; None (default) is ``size - 1``. Raising it makes every
             episode long (``min_path=8``: the expert needs 8+ turns) without a larger map.
+        view: What each observation shows: ``"map"`` (default) the whole map, ``"local"`` the
+            goal's offset and the four neighbouring cells (see Observation Space).
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     def __init__(self, size: int = 4, hole_prob: float = 0.25, *, is_slippery: bool = False,
                  moves_per_turn: int = 1, maps: Sequence[str] | None = None, max_turns: int | None = None,
-                 min_path: int | None = None, tool_parser: str = "hermes") -> None:
+                 min_path: int | None = None, view: str = "map", tool_parser: str = "hermes") -> None:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not MIN_SIZE <= size <= MAX_SIZE:
             raise ValueError(f"size must be an int in [{MIN_SIZE}, {MAX_SIZE}], got {size!r}")
         if not isinstance(hole_prob, (int, float)) or isinstance(hole_prob, bool) or not 0 <= hole_prob <= 0.6:
@@ -267,6 +291,9 @@ class FrozenLakeEnv(MultiTurnEnv):
             raise TypeError(f"is_slippery must be a bool, got {type(is_slippery).__name__}")
         if not isinstance(moves_per_turn, (int, np.integer)) or isinstance(moves_per_turn, bool) or moves_per_turn < 1:
             raise ValueError(f"moves_per_turn must be a positive int, got {moves_per_turn!r}")
+        if view not in VIEWS:
+            raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+        self.view = view
         if isinstance(maps, str) or (maps is not None and not maps):
             raise ValueError(f"maps must be a non-empty sequence of map strings or None, got {maps!r}")
         self.maps = tuple(parse_map(m) for m in maps) if maps is not None else None
@@ -294,11 +321,14 @@ class FrozenLakeEnv(MultiTurnEnv):
         """The rules, the legend and (when slippery) how the ice slips."""
         slip = (" The ice is slippery: a move goes the intended way with probability 1/3 and to each "
                 "side (perpendicular) with probability 1/3." if self.is_slippery else "")
+        legend = (f"Legend: {PLAYER} player, {ICE} frozen ice (safe), {HOLE} hole (falling in ends the game), "
+                  f"{GOAL} goal.\n" if self.view == "map" else
+                  "You do not see the map: each turn says how far the goal is and what is next to you "
+                  "(ice is safe, a hole ends the game, edge is the end of the map).\n")
         return (
             "You are playing FrozenLake. Walk the player to the goal across the frozen lake without "
             "stepping into a hole.\n"
-            f"Legend: {PLAYER} player, {ICE} frozen ice (safe), {HOLE} hole (falling in ends the game), "
-            f"{GOAL} goal.\n"
+            f"{legend}"
             "Moves: up, down, left, right (up is toward the first row). A move off the edge of the map "
             f"leaves you in place.{slip}\n{moves_instruction(self.moves_per_turn)}"
         )
@@ -325,7 +355,7 @@ class FrozenLakeEnv(MultiTurnEnv):
         self._pos, self._slippery_plan = task.start, None
         return [
             {"role": "system", "content": self.system_prompt()},
-            {"role": "user", "content": f"Map:\n{task.render(self._pos)}\n{moves_instruction(self.moves_per_turn)}"},
+            {"role": "user", "content": f"{self._observe()}\n{moves_instruction(self.moves_per_turn)}"},
         ]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
@@ -351,8 +381,13 @@ class FrozenLakeEnv(MultiTurnEnv):
             lines.append(f"{name}: moved")
         if moves.dropped:
             lines.append(f"(only the first {self.moves_per_turn} move(s) were played)")
-        lines.append(f"Map:\n{lake.render(self._pos)}")
+        lines.append(self._observe())
         return TurnOutcome(messages=(_user("\n".join(lines)),))
+
+    def _observe(self) -> str:
+        """The view of the current cell: the map (``view="map"``) or the local view."""
+        lake: LakeMap = self._task
+        return f"Map:\n{lake.render(self._pos)}" if self.view == "map" else lake.render_local(self._pos)
 
     def _state_key(self) -> Pos:
         return self._pos
@@ -376,6 +411,21 @@ class FrozenLakeEnv(MultiTurnEnv):
             return self._slippery_plan[self.max_turns - self._turn][self._pos][1]
         path = shortest_path(self._task, self._pos) or MOVES[:1]
         return ", ".join(path[: self.moves_per_turn])
+
+    def local_action(self) -> str:
+        """The memoryless player of the local view: a move toward the goal onto a cell that is not
+        a hole (along the larger offset first), else the first such move of ``MOVES`` that
+        moves the player (sideways or back); one move per call."""
+        self._require_active("local_action()")
+        lake: LakeMap = self._task
+        (gr, gc), (r, c) = lake.goal, self._pos
+        toward = [(abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")]
+        preferred = [move for d, move in sorted(toward, key=lambda t: -t[0]) if d]
+        for move in (*preferred, *MOVES):
+            nxt = step_pos(lake.size, self._pos, move)
+            if nxt != self._pos and lake.cell(nxt) != HOLE:
+                return move
+        return MOVES[0]
 
     def random_action(self, rng: np.random.Generator) -> str:
         """``moves_per_turn`` uniformly random moves."""
