@@ -38,10 +38,13 @@ def _write(tmp_path: Path, data: dict) -> Path:
 def test_the_credit_suite_runs_the_issues_methods_with_five_seeds_against_grpo():
     suite = load_suite("credit")
     assert [m.name for m in suite.methods] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae", "gspo",
-                                               "cispo"]
+                                               "cispo", "grpo_token_mean"]
     assert suite.baseline == "grpo" and len(suite.seeds) >= 5 and len(suite.envs) == 2
-    assert all(any(o.startswith("env=") for o in env.overrides) for env in suite.envs)
-    assert {"trainer.tasks_per_step", "trainer.group_size", "trainer.steps"} <= {o.split("=")[0] for o in suite.shared}
+    assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long"]
+    for env in suite.envs:  # each env states its sample budget in its entry
+        keys = {o.split("=")[0] for o in env.overrides}
+        assert {"env", "trainer.tasks_per_step", "trainer.group_size", "trainer.steps"} <= keys, env.name
+    assert "agent.warmstart.seed=0" in suite.shared  # one warm start per env, shared by every seed
 
 
 def test_a_method_is_an_algorithm_config_plus_overrides_named_by_its_own_name_by_default():
@@ -90,9 +93,9 @@ def test_a_missing_key_or_suite_is_named():
 
 def test_a_selection_keeps_the_baseline_and_refuses_unknown_names():
     suite = load_suite("credit")
-    cut = suite.select(envs=["frozen_lake"], methods=["gigpo"], seeds=[3, 3, 1])
+    cut = suite.select(envs=["frozen_lake_long"], methods=["gigpo"], seeds=[3, 3, 1])
     assert [m.name for m in cut.methods] == ["grpo", "gigpo"] and cut.seeds == (3, 1)
-    assert [e.name for e in cut.envs] == ["frozen_lake"]
+    assert [e.name for e in cut.envs] == ["frozen_lake_long"]
     with pytest.raises(SuiteError, match=r"no env \['maze'\]"):
         suite.select(envs=["maze"])
 
