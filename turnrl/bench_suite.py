@@ -381,8 +381,9 @@ def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), prog
     todo = sorted((c for c in cells if c.record is None), key=lambda c: (env_order.index(c.env), c.seed))
     entries: dict[Path, Config] = {}  # each warm start to make, with the config of its first cell
     for cell in todo:
-        if cache_path(cell.cfg) is not None and cached(cell.cfg) is None:
-            entries.setdefault(cache_path(cell.cfg), cell.cfg)
+        path = cache_path(cell.cfg)
+        if path is not None and cached(cell.cfg) is None:
+            entries.setdefault(path, cell.cfg)
     warm = list(entries.values())
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"suite {suite.name}", unit="run",
                disable=not progress)
@@ -439,8 +440,10 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
     from turnrl.agents.renderer import ChatRenderer
     from turnrl.build import build_agent, env_factory
 
-    if cache_path(cfg) is None or cached(cfg) is not None:
-        return cached(cfg)
+    if cache_path(cfg) is None:
+        return None
+    if cached(cfg) is not None:
+        return cache_path(cfg)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     env_fn = env_factory(cfg)
