@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from turnrl.bench_report import RunRecord
-from turnrl.bench_stats import (Interval, auc, bootstrap_ci, expanded_tail, median_samples, paired_ci,
+from turnrl.bench_stats import (Interval, auc, bootstrap_ci, expanded_tail, growth_exponent, median_samples, paired_ci,
                                 paired_differences, pointwise_band, samples_to_threshold, summarize)
 
 
@@ -116,3 +116,17 @@ def test_the_summary_pairs_each_method_with_the_baseline_per_env():
         summarize(records + records[:1], "grpo", {"lake": 0.5})
     with pytest.raises(ValueError, match="no success threshold"):
         summarize(records, "grpo", {"maze": 0.5})
+
+
+def test_growth_exponent_is_the_power_of_a_power_law_and_refuses_what_has_none():
+    sizes = [4, 8, 16, 32]
+    assert growth_exponent(sizes, [3.0 * n for n in sizes]) == pytest.approx(1.0)
+    assert growth_exponent(sizes, [0.5 * n * n for n in sizes]) == pytest.approx(2.0)
+    assert growth_exponent(sizes, [7.0] * 4) == pytest.approx(0.0)
+    # a fixed cost plus a linear one bends below 1
+    assert 0.0 < growth_exponent(sizes, [10.0 + n for n in sizes]) < 1.0
+    for bad in ([4, 4], [0, 8], [4]):
+        with pytest.raises(ValueError, match="distinct positive sizes"):
+            growth_exponent(bad, [1.0] * len(bad))
+    with pytest.raises(ValueError):
+        growth_exponent([4, 8], [1.0, 0.0])

@@ -235,6 +235,9 @@ def check_command(argv: list[str]) -> None:
         config = argv[argv.index("--config_file") + 1]
         assert (ROOT / config).exists(), config
         argv = ["python", *argv[argv.index("-m"):]]
+    if argv[0].endswith("python") and argv[1].startswith("scripts/"):  # a benchmark script (tested on its own)
+        assert (ROOT / argv[1]).is_file(), f"no script {argv[1]}"
+        return
     assert argv[0] == "python" and argv[1] == "-m", argv
     module, args = argv[2], argv[3:]
     if module == "turnrl":
@@ -307,6 +310,8 @@ def test_commands_in_inline_code_name_real_subcommands(page):
 
 
 def test_the_command_check_catches_wrong_ones():
+    with pytest.raises(AssertionError, match="no script"):
+        check_command([".venv/bin/python", "scripts/no_such_bench.py"])
     with pytest.raises(BaseException):
         check_command(["python", "-m", "turnrl", "check-envs", "x"])
     with pytest.raises(Exception, match="stepz"):

@@ -62,7 +62,10 @@ def test_async_k0_on_the_engine_is_the_synchronous_run(sync_run, tmp_path):
 
 def test_async_k1_on_the_engine_lags_one_update_and_resumes_exactly(tmp_path):
     async1 = ["trainer.steps=4", "trainer.async_rollouts=true", "trainer.max_staleness=1", "algorithm.tis=token",
-              "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"]
+              "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2",
+              # every update moves the weights (a skipped zero-gradient step would leave the next
+              # step's rollouts fresh, not one update behind)
+              "trainer.skip_zero_grad=false"]
     reference = _train(tmp_path / "reference", *async1)
     steps = _train_rows(reference)
     assert [r["policy_lag"] for r in steps] == [0.0, 1.0, 1.0, 1.0]

@@ -185,6 +185,16 @@ class MethodSummary:
     wall_s: float
 
 
+def growth_exponent(sizes: Sequence[float], costs: Sequence[float]) -> float:
+    """``k`` of ``cost ~ size^k``: the least-squares slope of ``log cost`` on ``log size`` (the
+    scaling benchmarks' figure: 1 = linear, 2 = quadratic). Needs two distinct positive sizes
+    and positive costs."""
+    if len(sizes) != len(costs) or len(set(sizes)) < 2 or min(sizes) <= 0 or min(costs) <= 0:
+        raise ValueError(f"need two or more distinct positive sizes and as many positive costs; got {sizes}, {costs}")
+    lx, ly = np.log(np.asarray(sizes, float)), np.log(np.asarray(costs, float))
+    return float(((lx - lx.mean()) * (ly - ly.mean())).sum() / ((lx - lx.mean()) ** 2).sum())
+
+
 def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[str, float],
               seed: int = 0) -> list[MethodSummary]:
     """One ``MethodSummary`` per (env, method), in the records' first-seen order.

@@ -42,6 +42,7 @@ from turnrl.bench_report import (RUN_COLUMNS, RunRecord, plot_panels, run_rows, 
                                  summary_csv_rows, write_csv)
 from turnrl.bench_stats import MethodSummary, pointwise_band, summarize
 from turnrl.conf.schema import Config
+from turnrl.distributed import LOCAL_PROCESSES_ENV, set_torch_threads
 from turnrl.warmstart import cache_path, cached, save_to_cache, warm_start_as_configured
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -363,9 +364,8 @@ def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), prog
     make the same one.
 
     Args:
-        workers: cells trained at once, each in a process of its own (spawned). Each run still
-            takes ``trainer.threads`` torch threads: keep ``workers x trainer.threads`` at most
-            the cores (e.g. ``--workers 2 -- trainer.threads=1`` on 2 cores).
+        workers: cells trained at once, each in a process of its own (spawned). Each run takes
+            ``trainer.threads`` torch threads, by default (null) ``cores // workers``.
 
     Raises:
         SuiteError: As ``plan_cells``, before any training.
@@ -400,7 +400,8 @@ def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), prog
                 cell.record = _train_and_record(cell)
                 bar.update()
         else:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_share_cores, initargs=(workers,)) as pool:
                 try:
                     bar.set_postfix_str(f"{len(warm)} warm start(s)")
                     for done in as_completed([pool.submit(fill_warm_start_cache, cfg, False) for cfg in warm]):
@@ -421,6 +422,11 @@ def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), prog
     return records
 
 
+def _share_cores(workers: int) -> None:
+    """A worker's initializer: its runs' default ``trainer.threads`` is its share of the cores."""
+    os.environ[LOCAL_PROCESSES_ENV] = str(workers)
+
+
 def _train_and_record(cell: Cell) -> RunRecord:
     """Train one cell and write its record (in a worker process when the suite has several)."""
     record = train_cell(cell.cfg, cell.run_dir, cell.method, cell.env)
@@ -435,8 +441,6 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
     warm-start it exactly as a run of ``cfg`` would (``turnrl.build.build_agent``,
     ``turnrl.warmstart.warm_start_as_configured``), then save it. Returns the entry (None: ``cfg``
     keeps no warm start)."""
-    import torch
-
     from turnrl.agents.renderer import ChatRenderer
     from turnrl.build import build_agent, env_factory
 
@@ -444,8 +448,7 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
         return None
     if cached(cfg) is not None:
         return cache_path(cfg)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    set_torch_threads(cfg.trainer.threads)
     env_fn = env_factory(cfg)
     model, tokenizer = build_agent(cfg, env_fn)
     renderer = ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs)

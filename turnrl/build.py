@@ -155,8 +155,8 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
     backend = cfg.agent.backend
     if backend == "transformers":
         if own_copy:
-            return TransformersPolicy.copy_of(model, tokenizer, seed=seed)
-        return TransformersPolicy(model, tokenizer, seed=seed)
+            return TransformersPolicy.copy_of(model, tokenizer, seed=seed, prefix_cache=cfg.agent.prefix_cache)
+        return TransformersPolicy(model, tokenizer, seed=seed, prefix_cache=cfg.agent.prefix_cache)
     if backend == "vllm":
         from turnrl.agents.vllm_policy import VLLMPolicy
 

@@ -100,9 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="the suite's methods to run (default: all; the baseline always runs)")
     bench.add_argument("--out", default=None, help="output folder (default ./bench-SUITE); rerun into it to resume")
     bench.add_argument("--workers", type=_positive_int, default=1,
-                       help="runs trained at once, each in its own process (default 1); each takes trainer.threads "
-                            "torch threads, so keep workers x trainer.threads at most the cores, e.g. "
-                            "--workers 2 -- trainer.threads=1")
+                       help="runs trained at once, each in its own process (default 1); each takes "
+                            "trainer.threads torch threads, by default its share of the cores (cores / workers)")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
     bench.add_argument("overrides", nargs="*", help="Hydra overrides of every run, after -- (applied last)")
     bench.set_defaults(run=_bench)

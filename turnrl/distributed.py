@@ -14,6 +14,7 @@ gloo on CPU, nccl on GPU); with no initialised group, or one process, they are i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -21,6 +22,40 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+
+LOCAL_PROCESSES_ENV = "TURNRL_LOCAL_PROCESSES"
+"""Set by a launcher of several turnrl processes on one machine (the suite's workers) to their
+count; ``accelerate launch``/``torchrun`` set ``LOCAL_WORLD_SIZE`` instead."""
+
+
+def local_processes() -> int:
+    """Processes sharing this machine's cores: ``TURNRL_LOCAL_PROCESSES`` (the suite's workers),
+    else ``LOCAL_WORLD_SIZE`` (``accelerate launch``, ``torchrun``), else 1. The suite's count
+    comes first: it is set by the launcher nearest the process, and a ``LOCAL_WORLD_SIZE`` may
+    be left in the environment by something else (an in-process vLLM engine sets it to 1)."""
+    for name in (LOCAL_PROCESSES_ENV, "LOCAL_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return 1
+
+
+def torch_threads(setting: int | None) -> int | None:
+    """The torch CPU threads of ``trainer.threads=setting``: None gives this process its share
+    of the cores it may run on (``max(1, cores // local_processes())``, so N processes on one
+    machine do not oversubscribe it); 0 gives None (leave torch's default); n > 0 gives n."""
+    if setting is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // local_processes())
+    return setting or None
+
+
+def set_torch_threads(setting: int | None) -> None:
+    """``torch.set_num_threads(torch_threads(setting))`` unless that is None."""
+    threads = torch_threads(setting)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def world_size() -> int:

@@ -13,6 +13,7 @@ import gymnasium
 import torch
 from omegaconf import OmegaConf
 
+from turnrl import distributed
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
@@ -109,8 +110,7 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     resumed = checkpoint_to_resume(cfg, run_dir)
     procs = Processes.start(cfg)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    distributed.set_torch_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     env_fn = env_factory(cfg)
     warm_cached = cached(cfg) if resumed is None else None
@@ -132,7 +132,7 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
             step, kind = row.pop("step"), row.pop("kind")
             logger.log(step, row, prefix=kind, jsonl=False)
     log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
-    policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + procs.rank)
+    policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + procs.rank, prefix_cache=cfg.agent.prefix_cache)
     return Run(cfg, run_dir, procs, env_fn, model, tokenizer, ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs),
                policy, logger, resumed, warm_cached)
 

@@ -70,7 +70,7 @@ def warmstart_seed(cfg) -> int:
     return cfg.seed if ws.seed is None else int(ws.seed)
 
 
-SAMPLING_FIELDS = ("backend", "vllm", "http", "logprob_tolerance", "max_new_tokens", "temperature",
+SAMPLING_FIELDS = ("backend", "vllm", "http", "prefix_cache", "logprob_tolerance", "max_new_tokens", "temperature",
                    "temperature_schedule", "temperature_end")
 """``agent`` fields of how RL samples, which the warm start (teacher-forced on scripted
 episodes) does not read: runs that differ only in them share a warm start."""

@@ -67,6 +67,24 @@ def test_micro_batch_size_does_not_change_the_update(updates):
         assert m_small[key] == pytest.approx(m_large[key], abs=1e-5)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_step_without_signal_leaves_the_weights_unless_told_to_step(tiny_model, rl_batch, skip):
+    """After one update with a signal, a batch whose advantages are all 0 has a zero gradient:
+    skipped by default, while AdamW's momentum alone would move every trained weight."""
+    batch, advantages = rl_batch
+    model = copy.deepcopy(tiny_model)
+    learner = Learner(model, *learner_settings(lr=1e-4, num_minibatches=1, skip_zero_grad=skip))
+    assert learner.update(batch, advantages)["skipped_updates"] == 0.0
+    before = copy.deepcopy(model)
+    metrics = learner.update(batch, torch.zeros_like(advantages))
+    assert metrics["grad_norm"] == 0.0 and metrics["skipped_updates"] == (1.0 if skip else 0.0)
+    moved = [n for (n, p), q in zip(model.named_parameters(), before.parameters()) if not torch.equal(p, q)]
+    if skip:
+        assert moved == []
+    else:  # the momentum step: every weight the first update moved moves again
+        assert len(moved) == len(list(model.parameters()))
+
+
 def test_kl_coef_creates_a_frozen_reference_and_kl_is_zero_on_the_first_update(fresh_model, rl_batch):
     batch, advantages = rl_batch
     start = {name: p.detach().clone() for name, p in fresh_model.named_parameters()}

@@ -99,6 +99,7 @@ def test_advantage_kwargs_the_estimator_does_not_take_fail_in_validate_and_in_ad
     ({"trainer__lora_rank": -1}, "trainer.lora_rank=-1 must be >= 0"),
     ({"algorithm__kl_coef": -0.1}, "algorithm.kl_coef=-0.1 must be >= 0"),
     ({"algorithm__tis_cap": 0.0}, "algorithm.tis_cap=0.0 must be > 0"),
+    ({"trainer__threads": -1}, "trainer.threads=-1 must be null"),
     ({"algorithm__dual_clip": 1.0}, "algorithm.dual_clip=1.0 must be > 1"),
     ({"algorithm__gspo_clip_low": -3e-4}, "algorithm.gspo_clip_low=-0.0003 must be >= 0"),
     ({"algorithm__gspo_clip_high": -1.0}, "algorithm.gspo_clip_high=-1.0 must be >= 0"),

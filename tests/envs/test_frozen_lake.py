@@ -97,6 +97,32 @@ def test_local_player_heads_for_the_goal_around_holes_but_has_no_memory():
     assert played == ["right", "left", "right", "left"] and env.position == (0, 0)
 
 
+def test_local_view_weak_player_mostly_walks_into_the_hole_in_its_way():
+    # the goal is 2 down and 1 right; straight down (the larger offset) is a hole
+    env, _, _ = fixed("S../O../.G.", view="local")
+    assert env.toward_action() == "down" and env.local_action() == "right"
+    rng = np.random.default_rng(0)
+    played = [env.weak_expert_action(rng) for _ in range(2000)]
+    assert set(played) == {"down", "right"}
+    assert abs(played.count("right") / 2000 - 0.3) < 0.04  # LOCAL_WEAK_AROUND_PROB, 4.4 sigma
+    # the map view's weak player is still the noisy expert
+    env, _, _ = fixed("S../O../.G.")
+    assert {env.weak_expert_action(rng) for _ in range(200)} == {"up", "down", "left", "right"}
+
+
+@pytest.mark.slow
+def test_local_view_players_leave_room_between_the_weak_one_and_the_local_one():
+    """The long-horizon setting's players on 300 test maps (7x7, shortest path 9+, 10% holes):
+    measured 0.34 straight to the goal, 0.44 weak, 0.78 local; the weak player is what the
+    warm start imitates and the local one what RL can reach without memory."""
+    env = FrozenLakeEnv(size=7, min_path=9, hole_prob=0.1, view="local")
+    rng = np.random.default_rng(0)
+    wins = {name: np.mean([play(env, seed, "test", policy)[-1][-1]["success"] for seed in range(300)])
+            for name, policy in [("toward", env.toward_action), ("weak", lambda: env.weak_expert_action(rng)),
+                                 ("local", env.local_action)]}
+    assert 0.25 < wins["toward"] < wins["weak"] < 0.55 and wins["local"] > 0.7, wins
+
+
 def test_several_moves_per_turn_stop_at_the_end_and_report_dropped_ones():
     env, _, _ = fixed(SMALL, moves_per_turn=4)
     *_, reward, terminated, _, info = env.step("down right down right")

@@ -1,4 +1,5 @@
-"""Policy backend on a transformers causal LM: batched sampling with a KV cache."""
+"""Policy backend on a transformers causal LM: batched sampling with a KV cache, kept across an
+episode's turns (``turnrl.agents.prefix_cache``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import copy
 from collections.abc import Iterable, Mapping
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from turnrl.agents.chat_format import turn_end_ids
+from turnrl.agents.prefix_cache import CachedPrefix, PrefixCache
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.agents.weights import merged_state_dict, unwrap_model
 
@@ -29,16 +33,26 @@ class TransformersPolicy:
 
     ``token_exact`` is True; ``close`` does nothing (there is nothing to release).
 
+    With ``prefix_cache`` (the default) the keys and values of each generated sequence are kept
+    for the next call, and a prompt that extends one (the episode's next turn) runs only over its
+    new tokens (``turnrl.agents.prefix_cache``): a turn costs its new tokens, not its history.
+    The cache is dropped whenever the weights change (an in-place update of any parameter, which
+    optimizer steps and ``load_weights`` are; a write through ``.data`` is not seen: call
+    ``rng_state()`` or make a new policy after one), and used only on models whose every layer keeps
+    plain attention keys and values (else each prompt is prefilled whole). The figures agree
+    with a whole prefill to float rounding (the same sums in another order).
+
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
         tokenizer: its tokenizer; ``eos_token_id`` (and the other end-of-turn tokens of its chat
             format, ``turnrl.agents.chat_format.turn_end_ids``) end a turn, ``pad_token_id`` pads.
         seed: seed of the sampling RNG (a private ``torch.Generator``).
+        prefix_cache: keep keys and values across calls (above).
     """
 
     token_exact = True
 
-    def __init__(self, model, tokenizer, seed: int = 0):
+    def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -47,9 +61,11 @@ class TransformersPolicy:
         self.stop_ids = turn_end_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self._own_copy = False
+        self.cache = PrefixCache() if prefix_cache else None
+        self._weights_version = -1
 
     @classmethod
-    def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0) -> TransformersPolicy:
+    def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0, prefix_cache: bool = True) -> TransformersPolicy:
         """A policy on a private copy of ``model`` (the learner's; DDP-wrapped or with LoRA
         adapters), which the learner's updates reach only through ``sync_from`` /
         ``load_weights`` (``needs_weight_push`` is True).
@@ -63,7 +79,7 @@ class TransformersPolicy:
         """
         twin = copy.deepcopy(unwrap_model(model))
         _merge_lora_in_place(twin)
-        policy = cls(twin, tokenizer, seed=seed)
+        policy = cls(twin, tokenizer, seed=seed, prefix_cache=prefix_cache)
         policy._own_copy = True
         return policy
 
@@ -86,12 +102,24 @@ class TransformersPolicy:
         """Nothing to release (the model belongs to the caller); idempotent."""
 
     def rng_state(self) -> torch.Tensor:
-        """The state of the sampling generator (to checkpoint a run)."""
+        """The state of the sampling generator (to checkpoint a run). Empties the prefix cache:
+        a cached prefix changes a row's figures in the last float bits, so the calls after
+        ``rng_state`` and those after ``set_rng_state`` both start from an empty one."""
+        self.clear_cache()
         return self.generator.get_state()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore a state ``rng_state`` returned: sampling continues exactly from there."""
+        """Restore a state ``rng_state`` returned: sampling continues exactly from there (the
+        prefix cache is emptied, as it was then)."""
+        self.clear_cache()
         self.generator.set_state(state)
+
+    def clear_cache(self) -> None:
+        """Empty the prefix cache. ``RolloutCollector.collect`` calls it before each batch, so a
+        batch's figures depend on its own episodes only (not on what was sampled before, e.g.
+        an evaluation whose replies a training episode repeats), as without the cache."""
+        if self.cache is not None:
+            self.cache.clear()
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy weights into the sampled model; the weight sync of a policy on its own copy of
@@ -132,15 +160,12 @@ class TransformersPolicy:
         was_training = self.model.training
         self.model.eval()
         batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
-        attention = torch.zeros((batch, width), dtype=torch.long, device=self.device)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        hits = self._lookup(prompts)
+        cached = [0 if h is None else len(h.ids) for h in hits]
+        input_ids, attention, past = self._prefill_inputs(prompts, hits, cached)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, attention.shape[1] - input_ids.shape[1]:]
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=True, logits_to_keep=1)
+                         past_key_values=past, use_cache=True, logits_to_keep=1)
         past, logits = out.past_key_values, out.logits[:, -1, :].float()
         next_position = positions[:, -1] + 1
 
@@ -173,11 +198,70 @@ class TransformersPolicy:
             )
             past, logits = out.past_key_values, out.logits[:, -1, :].float()
             next_position = next_position + 1
+        self._keep(prompts, sampled, attention, past)
         self.model.train(was_training)
         return [
             Generation(ids, lps, "stop" if ids and ids[-1] in self.stop_ids else "length")
             for ids, lps in zip(sampled, logprobs)
         ]
+
+    def _lookup(self, prompts: list[list[int]]) -> list[CachedPrefix | None]:
+        """Each prompt's cached prefix (None: none, or no cache); the cache is emptied first when
+        the weights changed since the last call."""
+        if self.cache is None:
+            return [None] * len(prompts)
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_version:  # (a change through .data is not counted)
+            self.cache.clear()
+            self._weights_version = version
+        return [self.cache.lookup(p) for p in prompts]
+
+    def _prefill_inputs(self, prompts: list[list[int]], hits: list[CachedPrefix | None], cached: list[int]):
+        """``(input_ids [B, S], attention [B, C + S], past or None)`` of the first forward: each
+        row's uncached tokens left-padded to ``S``, after its cached keys and values left-padded
+        to ``C = max(cached)`` (padding is masked out wherever it sits)."""
+        batch, width_c = len(prompts), max(cached)
+        width = max(len(p) - c for p, c in zip(prompts, cached))
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
+        attention = torch.zeros((batch, width_c + width), dtype=torch.long, device=self.device)
+        for row, (prompt, c) in enumerate(zip(prompts, cached)):
+            rest = prompt[c:]
+            input_ids[row, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            attention[row, width_c - c:width_c] = 1
+            attention[row, width_c + width - len(rest):] = 1
+        if width_c == 0:
+            return input_ids, attention, None
+        layers = []
+        template = next(h for h in hits if h is not None).layers
+        for index, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((batch, k0.shape[0], width_c, k0.shape[2]))
+            values = v0.new_zeros((batch, v0.shape[0], width_c, v0.shape[2]))
+            for row, (hit, c) in enumerate(zip(hits, cached)):
+                if hit is not None:
+                    keys[row, :, width_c - c:] = hit.layers[index][0]
+                    values[row, :, width_c - c:] = hit.layers[index][1]
+            layers.append((keys, values))
+        return input_ids, attention, DynamicCache(ddp_cache_data=layers)
+
+    def _keep(self, prompts: list[list[int]], sampled: list[list[int]], attention: torch.Tensor, past) -> None:
+        """Store each row's fed tokens (its prompt and the reply tokens fed back) with their
+        keys and values; on a model whose cache is not plain attention, turn the cache off."""
+        if self.cache is None:
+            return
+        layers = getattr(past, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            self.cache = None  # a sliding-window, linear-attention or conv layer: not cut by position
+            return
+        kv = [(layer.keys, layer.values) for layer in layers]
+        if kv[0][0].shape[2] != attention.shape[1]:
+            self.cache = None  # a cache whose width is not the mask's: nothing to cut safely
+            return
+        entries = []
+        for row, (prompt, reply) in enumerate(zip(prompts, sampled)):
+            keep = attention[row].nonzero().flatten()
+            ids = tuple(prompt) + tuple(reply[:len(keep) - len(prompt)])
+            entries.append(CachedPrefix(ids, [(k[row][:, keep], v[row][:, keep]) for k, v in kv]))
+        self.cache.store(entries)
 
 
 def _merge_lora_in_place(model: torch.nn.Module) -> None:

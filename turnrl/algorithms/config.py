@@ -85,6 +85,12 @@ class OptimConfig:
     weight_decay: float = 0.0
     # gradient clipping by global norm (policy and separate critic)
     max_grad_norm: float = 1.0
+    # skip the optimizer step of a minibatch whose gradient is exactly zero (every advantage 0 and
+    # no KL or entropy term: no group had a learning signal). AdamW would still move the weights
+    # on it by its momentum, about lr per weight for ~10 steps after one noisy update, which on
+    # sparse rewards drifts the policy while no reward is seen. false: step anyway (torch's and
+    # TRL's behaviour)
+    skip_zero_grad: bool = True
     # rows per forward/backward pass (gradient accumulation inside a minibatch)
     micro_batch_size: int = 64
     # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32

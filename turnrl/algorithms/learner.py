@@ -167,7 +167,8 @@ class Learner:
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
             means over sampled tokens of ``entropy``, ``kl``, ``clip_frac``, ``approx_kl``,
-            ``ratio``; and ``grad_norm`` (mean over optimizer steps). With several processes
+            ``ratio``; ``grad_norm`` (mean over optimizer steps) and ``skipped_updates`` (steps
+            left out for a zero gradient, ``OptimConfig.skip_zero_grad``). With several processes
             every figure is of the global batch (the same on every process).
         """
         if advantages.shape != batch.loss_mask.shape:
@@ -201,7 +202,7 @@ class Learner:
             is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, loss_cfg.tis,
                                               loss_cfg.tis_cap)
             batch = replace(batch, old_logprobs=learner_old)
-        grad_norms, extremes = [], {"ratio_max": 0.0, "ratio_min": float("inf")}
+        grad_norms, skipped, extremes = [], 0, {"ratio_max": 0.0, "ratio_min": float("inf")}
         for epoch in range(loss_cfg.ppo_epochs):
             sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
                                      "ratio", "tokens", "value_loss", "value_clipped")}
@@ -223,7 +224,11 @@ class Learner:
                         self._backward(batch.rows(micro), advantages[micro], weights[micro], coefs, sums, isw,
                                        extremes, measure, value_args, record=len(rows) > 0)
                 grad_norms.append(float(self._clip_grad_norm()))
-                self.optimizer.step()
+                # the norm is of the global gradient, so every process skips the same steps
+                if grad_norms[-1] == 0.0 and self.optim_cfg.skip_zero_grad:
+                    skipped += 1
+                else:
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         if world > 1:  # every figure of the global batch
             sums = dict(zip(sums, reduce(torch.tensor(list(sums.values()), device=device)).tolist()))
@@ -246,6 +251,7 @@ class Learner:
             value_sum = float(reduce((batch.values * batch.loss_mask).sum()))
             metrics["value_mean"] = value_sum / sampled if sampled else 0.0
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["skipped_updates"] = float(skipped)
         measured = max(mismatch.pop("tokens"), 1.0)
         metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
         metrics["mismatch_kl"] = mismatch["mismatch_kl"] / measured

@@ -122,6 +122,9 @@ class AgentConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     # the rollout servers of backend=http
     http: HTTPBackendConfig = field(default_factory=HTTPBackendConfig)
+    # backend=transformers: keep each episode's keys and values across its turns, so a turn runs
+    # the model over its new tokens only instead of the whole history (turnrl.agents.prefix_cache)
+    prefix_cache: bool = True
     # vllm / http: the start-up check's largest |sampler - learner| logprob of a sampled token
     # (raise it for bf16/fp16 engines, which differ by ~1e-2)
     logprob_tolerance: float = 1e-3
@@ -218,8 +221,10 @@ class TrainerConfig(OptimConfig):
     max_staleness: int = 1
     # torch device
     device: str = "cpu"
-    # torch CPU threads (0 = torch's default)
-    threads: int = 2
+    # torch CPU threads; null = this process's share of the machine's cores (cores / the processes
+    # on this machine, e.g. 1 each for 2 processes of `accelerate launch` on 2 cores); 0 = torch's
+    # default
+    threads: Optional[int] = None
     # save the final model, tokenizer and optimizer state in the run dir
     save_checkpoint: bool = True
     # every this many RL steps, save a resumable checkpoint (weights, optimizers, KL controller,

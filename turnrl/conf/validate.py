@@ -104,6 +104,9 @@ def problems(cfg: Config) -> list[str]:
     for key, value, low in at_least:
         if value < low:
             out.append(f"{key}={value!r} must be >= {low}; set {key} to a value >= {low}")
+    if trainer.threads is not None and trainer.threads < 0:
+        out.append(f"trainer.threads={trainer.threads!r} must be null (this process's share of the cores), 0 "
+                   "(torch's default) or a positive count; set trainer.threads=null")
     if algo.tis_cap <= 0:
         out.append(f"algorithm.tis_cap={algo.tis_cap!r} must be > 0 (the upper truncation of the TIS ratio, "
                    "e.g. 2.0); set algorithm.tis_cap to a positive value")

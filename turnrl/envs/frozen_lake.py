@@ -55,9 +55,12 @@ Scripted players:
     default ``is_slippery=False``; there the expert plays one move per turn, the one that
     maximises the chance to reach the goal in the turns left (``slippery_plan``, exact dynamic
     programming). ``random_action`` plays ``moves_per_turn`` uniformly random moves;
-    ``weak_expert_action`` plays the expert's moves with p=0.4, else random ones.
+    ``weak_expert_action`` (map view) plays the expert's moves with p=0.4, else random ones.
     ``local_action`` is the best a player seeing only the local view can do without memory:
-    a step toward the goal that is not a hole (the larger offset first), else a sideways one.
+    a step toward the goal that is not a hole (the larger offset first), else a sideways one;
+    ``toward_action`` steps toward the goal along the larger offset even into a hole. Under
+    ``view="local"`` the weak player mixes them (``local_action`` with p=0.3), since the
+    expert's moves cannot be read off that view: imitating them teaches noise.
     Measured with ``python -m turnrl baselines turnrl/FrozenLake-v0 --episodes 200`` (default
     kwargs), success (mean turns): test random 0.11 (6.1), weak 0.52 (6.2), expert 1.00
     (3.9); train random 0.07, weak 0.52, expert 1.00. Other settings (seeds 0..199 of both
@@ -93,6 +96,9 @@ TEST_BUCKETS = 4  # one hash bucket in four is the test split
 MAX_DRAWS = 10_000
 WEAK_FOLLOW_PROB = 0.4
 """Probability that ``weak_expert_action`` plays the expert's move (else a random one)."""
+LOCAL_WEAK_AROUND_PROB = 0.3
+"""Under the local view, probability that ``weak_expert_action`` steps around holes
+(``local_action``) rather than straight toward the goal (``toward_action``)."""
 PERPENDICULAR = {"up": ("left", "right"), "down": ("left", "right"), "left": ("up", "down"), "right": ("up", "down")}
 
 Pos = tuple[int, int]
@@ -427,18 +433,33 @@ class FrozenLakeEnv(MultiTurnEnv):
                 return move
         return MOVES[0]
 
+    def toward_action(self) -> str:
+        """One move straight toward the goal along the larger offset, whatever lies there (the
+        local player without its look at the cell it steps onto)."""
+        self._require_active("toward_action()")
+        (gr, gc), (r, c) = self._task.goal, self._pos
+        if abs(gr - r) >= abs(gc - c):
+            return "down" if gr > r else "up"
+        return "right" if gc > c else "left"
+
     def random_action(self, rng: np.random.Generator) -> str:
         """``moves_per_turn`` uniformly random moves."""
         self._require_active("random_action()")
         return random_moves(rng, self.moves_per_turn)
 
     def weak_expert_action(self, rng: np.random.Generator) -> str:
-        """A warm-start player: the expert's moves with p=``WEAK_FOLLOW_PROB`` (0.4), else random.
+        """A warm-start player. On the map view: the expert's moves with p=``WEAK_FOLLOW_PROB``
+        (0.4), else random ones. On the local view, where the expert's moves cannot be read off
+        the observation: ``local_action`` with p=``LOCAL_WEAK_AROUND_PROB`` (0.3), else
+        ``toward_action``, so its most likely move walks into a hole in the way (a model that
+        imitates it plays that greedily) and the one that steps around it is also seen.
 
         Args:
             rng: The player's own generator (the env's ``np_random`` is not touched).
         """
         self._require_active("weak_expert_action()")
+        if self.view == "local":
+            return self.local_action() if rng.random() < LOCAL_WEAK_AROUND_PROB else self.toward_action()
         return self.expert_action() if rng.random() < WEAK_FOLLOW_PROB else self.random_action(rng)
 
 

@@ -109,7 +109,8 @@ class RolloutCollector:
         return self._pool[:n]
 
     def collect(self, tasks: list[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
-        """Roll out ``group_size`` episodes of each task.
+        """Roll out ``group_size`` episodes of each task. A policy that keeps a prefix cache
+        (``clear_cache``) starts the batch with an empty one.
 
         Returns:
             ``len(tasks) * group_size`` trajectories, grouped: rows ``g*G .. g*G+G-1`` are the
@@ -117,6 +118,9 @@ class RolloutCollector:
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        clear_cache = getattr(self.policy, "clear_cache", None)
+        if clear_cache is not None:  # a batch's figures depend on its own episodes only
+            clear_cache()
         envs = self._envs(len(tasks) * group_size)
         episodes: list[_Episode] = []
         for group_id, task in enumerate(tasks):

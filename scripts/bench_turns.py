@@ -1,0 +1,147 @@
+"""Rollout time against turns per episode, with and without the transformers backend's prefix
+cache (the keys and values of an episode's history kept across its turns), and against one raw
+``model.generate`` of the same tokens, side by side.
+
+    .venv/bin/python scripts/bench_turns.py [--turns 4,8,16,32] [--episodes 16] [--json out.json]
+
+The same tiny Qwen2 (random init, built from a config; the tokenizer built in code) plays
+``--episodes`` GuessNumber episodes (1..1000, so a random model almost never wins and every
+episode runs its ``max_turns``) with ``RolloutCollector``, ``--max-new-tokens`` per reply. For
+each turn count both modes run on the same seeds, alternating, ``--repeats`` times after a
+warm-up; the median seconds are kept. Printed: seconds per episode in each mode, their ratio,
+and the growth exponent of time in turns (the slope of log time on log turns, from the smallest
+to the largest count): about 1 when a turn costs the same however long the history, toward 2
+when each turn runs the model over the whole history again.
+
+The raw-generate column is one ``model.generate`` call (sampling, KV cache) over the same
+batch: the episodes' first prompts, left-padded, with as many new tokens as an episode sampled
+in all its turns (``min_new_tokens`` = ``max_new_tokens``). Its sampled tokens per second
+against the collector's (prefix cache on) is the price of running an episode turn by turn:
+stepping the envs, rendering observations, and running the model over each observation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
+from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
+from turnrl.agents.scripted import corpus_texts  # noqa: E402
+from turnrl.bench_stats import growth_exponent  # noqa: E402
+from turnrl.envs import GuessNumberEnv  # noqa: E402
+from turnrl.rollout import RolloutCollector, Task  # noqa: E402
+
+MODES = {"prefix cache": True, "whole prefill": False}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", default="4,8,16,32", help="comma-separated turns per episode")
+    parser.add_argument("--episodes", type=int, default=16, help="episodes per rollout batch")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="timed batches per mode and turn count")
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads")
+    parser.add_argument("--json", default=None, help="also write the result to this file")
+    args = parser.parse_args(argv)
+    args.turns = sorted({int(t) for t in args.turns.split(",") if t.strip()})
+    if len(args.turns) < 2 or args.turns[0] < 1:
+        parser.error(f"--turns needs at least two positive counts, got {args.turns}")
+    if args.episodes < 1 or args.repeats < 1:
+        parser.error("--episodes and --repeats must be >= 1")
+    return args
+
+
+def raw_generate(model, tokenizer, renderer, tasks, new_tokens: int) -> float:
+    """Seconds of one ``model.generate`` sampling ``new_tokens`` after each task's first prompt
+    (left-padded into one batch)."""
+    prompts = [renderer.start(list(GuessNumberEnv(n=1000).reset(seed=t.seed)[0])).token_ids for t in tasks]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id)
+    return time.perf_counter() - start
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
+    tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)
+    renderer = ChatRenderer(tokenizer)
+    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers, max_positions=8192)
+    model = build_tiny_model(cfg, tokenizer, seed=0).eval()
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
+    tasks = [Task(seed) for seed in range(args.episodes)]
+    rows = []
+    for turns in args.turns:
+        times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate")}
+        for repeat in range(args.repeats + 1):  # the first round warms up (and counts the tokens)
+            for mode, cached in MODES.items():
+                policy = TransformersPolicy(model, tokenizer, seed=repeat, prefix_cache=cached)
+                collector = RolloutCollector(lambda t=turns: GuessNumberEnv(n=1000, max_turns=t), policy, renderer,
+                                             max_context_tokens=65536)
+                start = time.perf_counter()
+                trajectories = collector.collect(tasks, 1, params)
+                times[mode].append(time.perf_counter() - start)
+            if repeat == 0:
+                n = len(trajectories)
+                row = {"turns": turns, "played_turns": sum(t.num_turns for t in trajectories) / n,
+                       "episode_tokens": sum(len(t.token_ids) for t in trajectories) / n,
+                       "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n)}
+            times["generate"].append(raw_generate(model, tokenizer, renderer, tasks, row["sampled_tokens"]))
+        for mode, seconds in times.items():
+            row[mode] = statistics.median(seconds[1:]) / args.episodes
+        row["speedup"] = row["whole prefill"] / row["prefix cache"]
+        row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
+        rows.append(row)
+        print(f"  {turns} turns: {row['prefix cache']:.3f} s vs {row['whole prefill']:.3f} s per episode "
+              f"(raw generate {row['generate']:.3f} s)", flush=True)
+    xs = [r["played_turns"] for r in rows]
+    growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in MODES}
+    setup = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "threads": args.threads,
+             "episodes": args.episodes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+             "torch": torch.__version__}
+    return {"setup": setup, "rows": rows, "exponent": growth}
+
+
+def print_table(result: dict) -> None:
+    s = result["setup"]
+    print(f"rollout time vs turns: tiny Qwen2 {s['params_m']:.2f}M params, {s['episodes']} GuessNumber episodes per "
+          f"batch, {s['max_new_tokens']} new tokens per turn, {s['threads']} threads, median of {s['repeats']}, "
+          f"torch {s['torch']}")
+    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'whole prefill s/ep':>19} "
+          f"{'speed-up':>9} {'raw generate s/ep':>18} {'collector/generate':>19}")
+    for r in result["rows"]:
+        print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} "
+              f"{r['prefix cache']:>18.3f} {r['whole prefill']:>19.3f} {r['speedup']:>8.2f}x {r['generate']:>18.3f} "
+              f"{r['collector_vs_generate']:>18.2f}x")
+    e = result["exponent"]
+    print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
+          f"whole prefill {e['whole prefill']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    result = run(args)
+    print_table(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

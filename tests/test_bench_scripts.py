@@ -1,0 +1,49 @@
+"""The performance benchmark scripts run end to end on tiny settings and report what they say."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run_script(name: str, *args: str, out: Path) -> tuple[str, dict]:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args, "--threads", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(tmp_path):
+    stdout, result = run_script("bench_turns.py", "--turns", "2,4", "--episodes", "2", "--repeats", "1",
+                                "--hidden-size", "32", out=tmp_path / "turns.json")
+    assert "growth exponent in turns" in stdout and "collector/generate" in stdout
+    rows = result["rows"]
+    assert [r["turns"] for r in rows] == [2, 4]
+    for r in rows:
+        assert 0 < r["played_turns"] <= r["turns"] and r["sampled_tokens"] > 0
+        assert r["prefix cache"] > 0 and r["whole prefill"] > 0 and r["generate"] > 0
+        assert r["speedup"] == pytest.approx(r["whole prefill"] / r["prefix cache"])
+    assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
+    assert set(result["exponent"]) == {"prefix cache", "whole prefill"}
+
+
+def test_bench_learner_loop_times_the_learner_against_bare_torch_loops(tmp_path):
+    stdout, result = run_script("bench_learner_loop.py", "--rows", "8", "--micro-batch-size", "4", "--repeats", "1",
+                                out=tmp_path / "loop.json")
+    assert "turnrl Learner.update" in stdout
+    assert set(result["seconds"]) == {"learner", "bare", "lean"} and min(result["seconds"].values()) > 0
+    assert result["ratio"]["bare"] == pytest.approx(result["seconds"]["bare"] / result["seconds"]["learner"])
+
+
+def test_bench_learner_scaling_measures_each_row_count_in_its_own_process(tmp_path):
+    stdout, result = run_script("bench_learner_scaling.py", "--rows", "4,8", "--micro-batch-size", "2",
+                                "--repeats", "1", out=tmp_path / "scaling.json")
+    assert "growth exponent in rows" in stdout
+    rows = result["rows"]
+    assert [r["rows"] for r in rows] == [4, 8] and rows[1]["tokens"] > rows[0]["tokens"]
+    assert all(r["seconds"] > 0 and r["peak_rise_mib"] >= 0 for r in rows)
