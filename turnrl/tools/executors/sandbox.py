@@ -45,13 +45,14 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -59,6 +60,8 @@ from turnrl.tools.execute import ToolResult
 from turnrl.tools.executors import seccomp
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
 from turnrl.tools.executors.cgroup import MemoryCgroups, RunCgroup
+from turnrl.tools.executors.loop import get_loop
+from turnrl.tools.executors.sandbox_pool import POOL_MODES, WARM_LAUNCHER, SandboxPool, WarmSandbox, WarmStartFailed, start_warm
 from turnrl.tools.executors.verdict import OutputCap, verdict
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
@@ -331,10 +334,17 @@ class SandboxExecutor(Executor):
         workdir_mb: Size of the working dir ``/work``: all the files of a session, in MiB.
         memory: ``"auto"`` (a memory cgroup where one is writable, else rlimits), ``"cgroup"``
             (require one) or ``"rlimit"`` (never use one).
+        pool: ``"off"`` (a new sandbox per call, started when the call comes), ``"call"`` (warm
+            sandboxes started ahead, each serving one call) or ``"episode"`` (warm sandboxes,
+            each serving the calls of one session, then discarded). What each keeps isolated:
+            the module docstring.
+        pool_size: Fresh warm sandboxes kept started (refilled in the background); ignored
+            with ``pool="off"``.
 
     Attributes:
         memory_mode: How memory is bounded here: ``"cgroup v1 (path)"``/``"cgroup v2 (path)"``
             or ``"rlimit (N processes x M MiB)"``.
+        pool_mode: The ``pool`` argument.
 
     Raises:
         SandboxUnavailable: If bwrap is missing or cannot create namespaces (the message says
@@ -346,13 +356,19 @@ class SandboxExecutor(Executor):
 
     def __init__(self, limits: Limits | Mapping[str, Any] | None = None, *, max_concurrency: int = 8,
                  timeout_s: float = 60.0, bwrap: str = "bwrap", run_as: int | None | str = "auto",
-                 workdir_mb: int = 64, memory: str = "auto") -> None:
+                 workdir_mb: int = 64, memory: str = "auto", pool: str = "off", pool_size: int = 4) -> None:
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self.limits = Limits.coerce(limits)
         if isinstance(workdir_mb, bool) or not isinstance(workdir_mb, int) or workdir_mb <= 0:
             raise ValueError(f"workdir_mb must be a positive int (MiB), got {workdir_mb!r}")
         if memory not in ("auto", "cgroup", "rlimit"):
             raise ValueError(f"memory must be 'auto', 'cgroup' or 'rlimit', got {memory!r}")
+        if pool not in POOL_MODES:
+            raise ValueError(f"pool must be one of {POOL_MODES} ('off': a new sandbox per call; 'call'/'episode': "
+                             f"warm sandboxes, each serving one call / the calls of one episode), got {pool!r}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+            raise ValueError(f"pool_size must be an int >= 0 (warm sandboxes kept started), got {pool_size!r}")
+        self.pool_mode = pool
         self.workdir_mb = workdir_mb
         self._identity = _identity(run_as)
         self._tools = _tools(bwrap, self._identity.uid is not None)
@@ -376,8 +392,17 @@ class SandboxExecutor(Executor):
         self._root = tempfile.mkdtemp(prefix="turnrl-sandbox-")
         os.chmod(self._root, 0o700)
         self._sessions: dict[str, Path] = {}
+        self._versions: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._cgroups)
+        self.pool: SandboxPool | None = None
+        """The warm sandboxes (None with ``pool="off"``)."""
+        if pool != "off":
+            start = partial(_start_warm, self._tools, self._identity, self._cgroups, self.limits.memory_mb << 20,
+                            self.limits.file_mb << 20, self.workdir_mb << 20)
+            self.pool = SandboxPool(start, pool_size, pool == "episode", get_loop())
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._cgroups, self.pool)
+        if self.pool is not None:
+            self.pool.fill()
 
     def _find_cgroups(self) -> MemoryCgroups | None:
         """A usable parent memory cgroup: found, and a sandbox really starts inside a child of it."""
@@ -422,11 +447,15 @@ class SandboxExecutor(Executor):
                 fd, name = tempfile.mkstemp(prefix="session-", suffix=".state", dir=self._root)
                 os.close(fd)
                 path = self._sessions[session] = Path(name)
+                self._versions[session] = 0
             return path
 
     def close_session(self, session: str) -> None:
         with self._lock:
             path = self._sessions.pop(session, None)
+            self._versions.pop(session, None)
+        if self.pool is not None:
+            self.pool.drop_session(session)
         if path is not None:
             path.unlink(missing_ok=True)
 
@@ -434,6 +463,14 @@ class SandboxExecutor(Executor):
         with self._lock:
             self._sessions.clear()
         self._finalizer()
+
+    def _load(self, state_file: Path) -> bytes:
+        """A session's packed files (read and written under the lock, so never half-written)."""
+        with self._lock:
+            try:
+                return state_file.read_bytes()
+            except FileNotFoundError:  # closed meanwhile: an empty working dir
+                return b""
 
     # -------------------------------------------------------------------- runs
     async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
@@ -449,8 +486,48 @@ class SandboxExecutor(Executor):
 
     async def run(self, program: Program, session: str) -> RunResult:
         """Run ``program`` with ``session``'s files under ``self.limits`` (no semaphore)."""
+        if self.pool is None:
+            return await self._run_cold(program, session)
+        if asyncio.get_running_loop() is not self.pool.loop:  # warm sandboxes live on the shared loop
+            return await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._run_warm(program, session), self.pool.loop))
+        return await self._run_warm(program, session)
+
+    async def _run_warm(self, program: Program, session: str) -> RunResult:
+        """``run`` on a warm sandbox: the session's own if it holds one whose files are current,
+        else a fresh one that gets the session's files first."""
         limits, state_file = self.limits, self.session_file(session)
-        state = state_file.read_bytes()
+        with self._lock:
+            version = self._versions.get(session, 0)
+        try:
+            sandbox = await self.pool.take(session, version)
+        except WarmStartFailed as e:
+            raise SandboxUnavailable(f"{e}; {INSTALL_HINT}") from e
+        state = self._load(state_file) if sandbox.version != version else b""
+        start = time.monotonic()
+        try:
+            got = await sandbox.call(self._payload(program, state, -1) + program.stdin.encode(), limits.output_bytes,
+                                     limits.wall_s, (self.workdir_mb << 20) + STATE_OVERHEAD)
+        except BaseException:
+            self.pool.retire(sandbox)
+            raise
+        duration = time.monotonic() - start
+        kept: str | None = None
+        if got.state is not None and got.status is not None and got.killed is None:
+            with self._lock:
+                if self._sessions.get(session) == state_file:  # still open
+                    state_file.write_bytes(got.state)
+                    version = self._versions[session] = self._versions[session] + 1
+                    kept = session
+        self.pool.give_back(sandbox, kept, version)
+        returncode = got.status if got.status is not None else -signal.SIGKILL
+        return verdict(got.output, returncode, got.killed, duration, self._effective,
+                       sigkill="memory" if got.oom else "cpu")
+
+    async def _run_cold(self, program: Program, session: str) -> RunResult:
+        """``run`` in a sandbox started for this call alone."""
+        limits, state_file = self.limits, self.session_file(session)
+        state = self._load(state_file)
         state_read, state_write = os.pipe()
         seccomp_fd = _seccomp_pipe()
         cgroup = self._cgroups.create(limits.memory_mb << 20) if self._cgroups is not None else None
@@ -507,7 +584,9 @@ class SandboxExecutor(Executor):
         duration = time.monotonic() - start
         packed = new_state.result() if new_state.done() and not new_state.cancelled() else None
         if packed is not None and not killed and proc.returncode is not None:
-            _save(state_file, packed)
+            with self._lock:
+                if self._sessions.get(session) == state_file:  # still open
+                    state_file.write_bytes(packed)
         returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         return verdict(output, returncode, killed[0] if killed else None, duration, self._effective,
                        sigkill="memory" if oom else "cpu")
@@ -534,18 +613,31 @@ class SandboxExecutor(Executor):
         return str(len(header)).zfill(HEADER_DIGITS).encode() + header + state
 
 
-def _cleanup(root: str, cgroups: MemoryCgroups | None) -> None:
+async def _start_warm(tools: _Bwrap, identity: _Identity, cgroups: MemoryCgroups | None, memory_bytes: int,
+                      tmp_bytes: int, workdir_bytes: int) -> WarmSandbox:
+    """Start one warm sandbox: the cold run's command, in a cgroup of its own, running the
+    warm server (``warm_launcher.py``) on a socket instead of the one-shot launcher."""
+    cgroup = cgroups.create(memory_bytes) if cgroups is not None else None
+    host_end, sandbox_end = socket.socketpair()
+    seccomp_fd = _seccomp_pipe()
+    cmd = _prefix(tools, identity, cgroup) + bwrap_command(
+        tools.bwrap, tmp_bytes=tmp_bytes, workdir_bytes=workdir_bytes, seccomp_fd=seccomp_fd,
+        disable_userns=tools.disable_userns,
+        argv=("/usr/bin/python3", "-c", WARM_LAUNCHER, str(sandbox_end.fileno())))
+    try:
+        return await start_warm(cmd, tuple(fd for fd in (seccomp_fd, sandbox_end.fileno()) if fd is not None),
+                                sandbox_end, host_end, cgroup, HOST_ENV)
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+
+
+def _cleanup(root: str, cgroups: MemoryCgroups | None, pool: SandboxPool | None = None) -> None:
+    if pool is not None:
+        pool.close()
     shutil.rmtree(root, ignore_errors=True)
     if cgroups is not None:
         cgroups.close()
-
-
-def _save(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (a session file may be read concurrently)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".new")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class _Output(OutputCap):

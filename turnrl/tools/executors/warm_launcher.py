@@ -1,0 +1,306 @@
+"""The trusted server inside a warm sandbox (``sandbox_pool.py``): the sandbox's pid 1, started
+by ``python3 -c`` with this file's text before any call arrives, that runs one program per
+request and stays for the next.
+
+Not imported by turnrl: its source is sent into the sandbox. It needs only the standard library
+of the sandbox's ``python3`` (3.9 or later) and imports everything it uses at start, with the
+working dir off ``sys.path``, so no file a program leaves behind is ever imported by it.
+
+Protocol, on the control socket whose fd is ``argv[1]``:
+
+- once started it sends ``b"R"``;
+- a request is the one-byte message ``b"C"`` carrying four fds (SCM_RIGHTS): the input pipe
+  (a length-prefixed JSON spec as the cold launcher's, the session's packed files when
+  ``spec["state_bytes"]`` > 0, then the program's stdin), the program's stdout and stderr, and
+  the pipe the packed working dir goes out through;
+- for each it restores the files (only ever into the empty ``/work`` of a fresh sandbox),
+  writes ``Program.files``, forks the program under the rlimits, reaps every orphan until the
+  program ends, kills every process left (``kill(-1)`` from pid 1) and reaps them, packs
+  ``/work`` out, empties ``/tmp`` and ``/dev/shm``, and answers ``b"<exit status> <clean>\\n"``
+  (``clean`` 0: something could not be removed, so the host must not reuse this sandbox).
+
+A ``python3 SCRIPT ...`` or ``python3 -c CODE ...`` program, where ``python3`` is this very
+interpreter, runs in the forked child itself, as a fresh interpreter would run it (``__main__``
+module, ``sys.argv``, ``sys.path[0]``, tracebacks, ``SystemExit``, threads joined, atexit,
+files flushed at exit): no exec, no interpreter start-up. The child starts from this server's
+state, which no program can change (each runs in its own forked copy). Anything else is exec'd.
+"""
+
+import atexit
+import builtins
+import gc
+import json
+import marshal
+import os
+import resource
+import shutil
+import signal
+import socket
+import stat
+import sys
+import types
+
+H = 16
+"""Digits of a length header (``HEADER_DIGITS`` of ``sandbox.py``)."""
+FDS = 4
+PYTHON = os.path.realpath(sys.executable)
+SEARCH = ("/usr/bin", "/bin")
+SCRATCH = {top: stat.S_IMODE(os.stat(top).st_mode) for top in ("/tmp", "/dev/shm")}
+
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def read_exact(fd, n):
+    parts = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            raise EOFError("the input was cut short")
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+
+
+def restore(fd, left):
+    dirs = []
+    while left > 0:
+        n = int(read_exact(fd, H))
+        left -= H + n
+        path, kind, mode, data = marshal.loads(read_exact(fd, n))
+        try:
+            if kind == "d":
+                os.makedirs(path, exist_ok=True)
+                dirs.append((path, mode))
+            elif kind == "l":
+                os.symlink(data, path)
+            else:
+                f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(f, "wb") as out:
+                    out.write(data)
+                os.chmod(path, mode)
+        except (OSError, ValueError):
+            pass
+    for path, mode in reversed(dirs):
+        try:
+            os.chmod(path, mode)
+        except OSError:
+            pass
+
+
+def write_files(files):
+    for rel, text in files.items():
+        parent = os.path.dirname(rel)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        if os.path.islink(rel):
+            os.unlink(rel)
+        with open(rel, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def pack(out):
+    def record(path, kind, mode, data):
+        rec = marshal.dumps((path, kind, mode, data))
+        view = memoryview(b"%0*d" % (H, len(rec)) + rec)
+        while view:
+            view = view[os.write(out, view):]
+
+    try:
+        for root, subdirs, files in os.walk("."):
+            for name in subdirs + files:
+                path = os.path.join(root, name)[2:]
+                try:
+                    st = os.lstat(path)
+                    if stat.S_ISLNK(st.st_mode):
+                        record(path, "l", 0, os.readlink(path))
+                    elif stat.S_ISDIR(st.st_mode):
+                        record(path, "d", stat.S_IMODE(st.st_mode), b"")
+                    elif stat.S_ISREG(st.st_mode):
+                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                        with os.fdopen(fd, "rb") as f:
+                            if stat.S_ISREG(os.fstat(fd).st_mode):
+                                record(path, "f", stat.S_IMODE(st.st_mode), f.read())
+                except OSError:
+                    pass
+    except OSError:
+        pass
+
+
+def empty(top, mode):
+    """Remove everything under ``top`` and give it back ``mode``; True when that worked."""
+    try:
+        os.chmod(top, 0o700)
+        for root, dirs, _ in os.walk(top):
+            for name in dirs:
+                path = os.path.join(root, name)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o700)
+        for name in os.listdir(top):
+            path = os.path.join(top, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        os.chmod(top, mode)
+        return not os.listdir(top)
+    except OSError:
+        return False
+
+
+def in_process(argv):
+    """(source path or None, code or None, sys.argv, sys.path[0]) when ``argv`` is this python
+    running a script or ``-c``; None otherwise (then it is exec'd)."""
+    if len(argv) < 2 or "/" in argv[0] and os.path.realpath(argv[0]) != PYTHON:
+        return None
+    if "/" not in argv[0]:
+        found = [os.path.join(d, argv[0]) for d in SEARCH if os.access(os.path.join(d, argv[0]), os.X_OK)]
+        if not found or os.path.realpath(found[0]) != PYTHON:
+            return None
+    if argv[1] == "-c" and len(argv) >= 3:
+        return None, argv[2], ["-c", *argv[3:]], ""
+    if argv[1].startswith("-") or not os.path.isfile(argv[1]):
+        return None
+    path = os.path.abspath(argv[1])
+    return path, None, argv[1:], os.path.dirname(path)
+
+
+def exit_status(code):
+    """The exit status ``SystemExit(code)`` gives, printing a non-int code as python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def run_python(path, code, args, path0):
+    """Run the program in this (forked) interpreter as ``python3`` would; never returns."""
+    sys.argv[:] = args
+    sys.path.insert(0, path0)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
+    if path is not None:
+        main.__file__, main.__cached__ = path, None
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        if path is not None:
+            with open(path, "rb") as f:
+                code = f.read()
+        compiled = compile(code, path or "<string>", "exec")
+        exec(compiled, main.__dict__)
+    except SystemExit as e:
+        status = exit_status(e.code)
+    except BaseException as e:
+        e.__traceback__ = e.__traceback__.tb_next  # without this function's own frame, as python shows it
+        try:
+            sys.excepthook(type(e), e, e.__traceback__)
+        except BaseException:
+            pass
+        status = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        atexit._run_exitfuncs()
+        main.__dict__.clear()
+        gc.collect()  # unclosed files flush at exit, as in a fresh interpreter
+    except SystemExit as e:
+        status = exit_status(e.code)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            status = status or 120
+    if status == -signal.SIGINT:  # python ends on KeyboardInterrupt by killing itself with SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+def start(spec, fds):
+    """Fork the program with ``fds`` (stdin, stdout, stderr) as 0, 1, 2; its pid."""
+    argv = spec["argv"]
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        for name, soft, hard in spec["limits"]:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        python = in_process(argv)
+        if python is not None:
+            run_python(*python)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        os.write(2, ("cannot run %r: %s\n" % (argv[0], e.strerror)).encode())
+    except BaseException as e:
+        os.write(2, ("cannot run %r: %r\n" % (argv[0], e)).encode())
+    finally:
+        os._exit(127)
+
+
+def reap(pid):
+    """Reap orphans until ``pid`` ends, then kill and reap every process left; its status."""
+    status = 0
+    while True:
+        try:
+            done, got = os.wait()
+        except ChildProcessError:
+            break
+        if done == pid:
+            status = got
+            break
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def serve(control):
+    control.sendall(b"R")
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 1, FDS)
+        except OSError:
+            return
+        if data != b"C" or len(fds) != FDS:
+            return
+        source, out, err, state = fds
+        spec = json.loads(read_exact(source, int(read_exact(source, H))))
+        restore(source, spec["state_bytes"])
+        write_files(spec["files"])
+        gc.freeze()  # the forked program's collections then skip (and never copy) the server's objects
+        pid = start(spec, (source, out, err))
+        for fd in (source, out, err):
+            os.close(fd)
+        status = reap(pid)
+        pack(state)
+        os.close(state)
+        clean = all([empty(top, mode) for top, mode in SCRATCH.items()])
+        control.sendall(b"%d %d\n" % (status, clean))
+
+
+if __name__ == "__main__":
+    try:
+        serve(socket.socket(fileno=int(sys.argv[1])))
+    except (EOFError, OSError, ValueError):
+        pass
+    os._exit(0)
