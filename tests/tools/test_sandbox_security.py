@@ -1,5 +1,7 @@
 """Attacks on the bubblewrap sandbox: each is contained, reported in the message, and the same
-executor runs a normal call right after. Real bwrap, real processes, small limits.
+executor runs a normal call right after. Real bwrap, real processes, small limits. Every attack
+runs in every mode of the executor (``pool``: a cold sandbox per call, warm ones per call, warm
+ones per episode).
 
 Under CI (``CI=true``) a missing bubblewrap fails these tests instead of skipping them."""
 
@@ -21,23 +23,34 @@ pytestmark = pytest.mark.slow
 
 LIMITS = Limits(cpu_s=1, wall_s=2, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
+MODES = ("off", "call", "episode")
 
 
-@pytest.fixture(scope="module")
-def sandbox():
+def sandbox_executor(limits, **options):
+    """A ``SandboxExecutor``, or a skip (a failure under CI) where bwrap truly cannot run."""
     try:
-        ex = SandboxExecutor(LIMITS, timeout_s=20)
-    except SandboxUnavailable as e:  # only where bwrap truly cannot run
+        return SandboxExecutor(limits, pool_size=2, **options)
+    except SandboxUnavailable as e:
         missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def sandbox(request):
+    ex = sandbox_executor(LIMITS, timeout_s=20, pool=request.param)
     yield ex
     ex.close()
 
 
 def run(ex, code=None, shell=None, session=None):
-    session = session or uuid.uuid4().hex
-    if shell is not None:
-        return run_sync(ex.arun(run_shell, ToolCall("run_shell", {"command": shell}), session))
-    return run_sync(ex.arun(run_python, ToolCall("run_python", {"code": code}), session))
+    """One call; without ``session`` in a new session, closed after it (a finished episode)."""
+    name = session or uuid.uuid4().hex
+    try:
+        if shell is not None:
+            return run_sync(ex.arun(run_shell, ToolCall("run_shell", {"command": shell}), name))
+        return run_sync(ex.arun(run_python, ToolCall("run_python", {"code": code}), name))
+    finally:
+        if session is None:
+            ex.close_session(name)
 
 
 def still_works(ex):
@@ -123,6 +136,7 @@ def test_links_planted_by_one_call_do_not_redirect_the_next_write(sandbox, tmp_p
     session = uuid.uuid4().hex
     run(sandbox, f"import os\nos.remove('main.py')\nos.symlink({str(victim)!r}, 'main.py')", session=session)
     r = run(sandbox, "print('second')", session=session)
+    sandbox.close_session(session)
     assert "second" in r.content and victim.read_text() == "safe"
 
 
@@ -173,14 +187,12 @@ ALL_ENVIRONS = (
 )
 
 
-def test_host_environment_reaches_no_process_inside(monkeypatch):
+@pytest.mark.parametrize("mode", MODES)
+def test_host_environment_reaches_no_process_inside(monkeypatch, mode):
     """bwrap itself (pid 1 inside without --as-pid-1) used to carry the parent's environment."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-turnrl-test-secret-4242")
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libgomp-preloaded.so")  # what importing vLLM sets
-    try:
-        ex = SandboxExecutor(LIMITS, timeout_s=20)  # started with the secret in the environment
-    except SandboxUnavailable as e:
-        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+    ex = sandbox_executor(LIMITS, timeout_s=20, pool=mode)  # started with the secret in the environment
     try:
         r = run(ex, ALL_ENVIRONS)
         assert r.error is None and "readable" in r.content
@@ -244,15 +256,12 @@ print("MiB written:", total >> 20)
 """
 
 
-def memory_sandbox(memory):
+def memory_sandbox(memory, pool="off"):
     """256 MiB in all. With a cgroup, /tmp and /dev/shm may each hold 1 GiB by size, so only the
     budget stops them; without one, their sizes must fit the budget (else it is refused)."""
     file_mb = 16 if memory == "rlimit" else 1024
     limits = Limits(cpu_s=10, wall_s=15, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=file_mb)
-    try:
-        return SandboxExecutor(limits, timeout_s=30, workdir_mb=16, memory=memory)
-    except SandboxUnavailable as e:
-        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+    return sandbox_executor(limits, timeout_s=30, workdir_mb=16, memory=memory, pool=pool)
 
 
 def written_mib(result) -> int:
@@ -262,9 +271,10 @@ def written_mib(result) -> int:
     return int(result.content.split("MiB written:")[1].split()[0])
 
 
-@pytest.fixture(scope="module", params=["auto", "rlimit"])
+@pytest.fixture(scope="module", params=[(memory, mode) for memory in ("auto", "rlimit") for mode in MODES],
+                ids=lambda p: "-".join(p))
 def memory_box(request):
-    ex = memory_sandbox(request.param)
+    ex = memory_sandbox(*request.param)
     yield ex
     ex.close()
 
@@ -295,14 +305,15 @@ def test_memory_mode_says_which_bound_runs(memory_box):
         assert mode == "rlimit (6 processes x 34 MiB)" and procs * mib + 16 + 2 * 16 <= 256
 
 
-def test_on_machines_with_a_memory_cgroup_it_is_used():
+@pytest.mark.parametrize("mode", MODES)
+def test_on_machines_with_a_memory_cgroup_it_is_used(mode):
     from turnrl.tools.executors.cgroup import MemoryCgroups
 
     groups = MemoryCgroups.find()
     if groups is None:
         pytest.skip("no writable memory cgroup on this machine: the rlimit bound runs (tested above)")
     groups.close()
-    ex = memory_sandbox("auto")
+    ex = memory_sandbox("auto", mode)
     try:
         assert ex.memory_mode.startswith("cgroup")
         r = run(ex, "chunks = []\nwhile True: chunks.append(bytearray(b'x') * (10 << 20))")

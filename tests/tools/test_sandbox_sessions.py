@@ -1,5 +1,7 @@
-"""Sandbox sessions, exit codes, stdin and the env wiring of a code tool (real bwrap)."""
+"""Sandbox sessions, exit codes, stdin and the env wiring of a code tool (real bwrap), in every
+mode of the executor (``pool``: off, call, episode)."""
 
+import asyncio
 import os
 import uuid
 
@@ -14,12 +16,13 @@ from tests.helpers import BWRAP_INSTALL, missing_tool
 pytestmark = pytest.mark.slow
 
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256}
+MODES = ("off", "call", "episode")
 
 
-@pytest.fixture(scope="module")
-def sandbox():
+@pytest.fixture(scope="module", params=MODES)
+def sandbox(request):
     try:
-        ex = SandboxExecutor(LIMITS)
+        ex = SandboxExecutor(LIMITS, pool=request.param, pool_size=2)
     except SandboxUnavailable as e:
         missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
     yield ex
@@ -40,6 +43,23 @@ def test_files_persist_within_a_session_not_across(sandbox):
     sandbox.close_session(a)
     assert not state.exists()
     assert "FileNotFoundError" in py(sandbox, "print(open('notes.txt').read())", a).content
+    for session in (a, b):
+        sandbox.close_session(session)
+
+
+def test_overlapping_calls_of_one_session_start_from_the_last_finished_files(sandbox):
+    session = uuid.uuid4().hex
+    py(sandbox, "open('n.txt', 'w').write('0')", session)
+    bump = "import time\nn = int(open('n.txt').read())\ntime.sleep({})\nopen('n.txt', 'w').write(str(n + 1))\nprint(n)"
+
+    async def both():
+        return await asyncio.gather(sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(0.6)}), session),
+                                    sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(0)}), session))
+
+    slow, fast = run_sync(both())
+    assert slow.content.endswith("stdout:\n0") and fast.content.endswith("stdout:\n0")  # both saw the same files
+    assert py(sandbox, "print(open('n.txt').read())", session).content.endswith("stdout:\n1")  # the last to finish won
+    sandbox.close_session(session)
 
 
 def test_exit_codes_stdin_and_extra_files(sandbox):
@@ -97,12 +117,13 @@ class Coder(MultiTurnEnv):
         return '<tool_call>\n{"name": "run_python", "arguments": {"code": "open(\'f\', \'a\').write(\'x\')\\nprint(open(\'f\').read())"}}\n</tool_call>'
 
 
-def test_env_sessions_are_per_episode_and_closed_on_reset():
+@pytest.mark.parametrize("mode", MODES)
+def test_env_sessions_are_per_episode_and_closed_on_reset(mode):
     try:
-        env = Coder(executor_options={"sandbox": {"limits": LIMITS}})
+        env = Coder(executor_options={"sandbox": {"limits": LIMITS, "pool": mode}})
     except SandboxUnavailable as e:
         missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
-    assert env.executor_for("run_python") is get_executor("sandbox", limits=LIMITS)
+    assert env.executor_for("run_python") is get_executor("sandbox", limits=LIMITS, pool=mode)
     env.reset(seed=0)
     obs, *_ , info = env.step(env.expert_action())
     assert obs[0]["content"] == "Exit code: 0\nstdout:\nx" and info["tool_errors"] == 0
