@@ -66,6 +66,30 @@ def missing_tool(problem: str, install: str) -> None:
     pytest.skip(message)
 
 
+def descendants(pid: int | None = None) -> set[int]:
+    """The pids of every living process descended from ``pid`` (default: this process), read
+    from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry))
+    found, todo = set(), [os.getpid() if pid is None else pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def assert_generation_contract(gens, eos: int, max_new_tokens: int) -> None:
     """Each generation is exact, its ids end with ``eos`` ("stop") or are ``max_new_tokens`` long
     ("length"), one logprob <= 0 per id, and ``eos`` nowhere else."""

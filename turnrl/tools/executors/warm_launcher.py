@@ -28,6 +28,7 @@ state, which no program can change (each runs in its own forked copy). Anything 
 
 import atexit
 import builtins
+import ctypes
 import gc
 import json
 import marshal
@@ -47,8 +48,13 @@ PYTHON = os.path.realpath(sys.executable)
 SEARCH = ("/usr/bin", "/bin")
 SCRATCH = {top: stat.S_IMODE(os.stat(top).st_mode) for top in ("/tmp", "/dev/shm")}
 
+PR_SET_DUMPABLE = 4
+
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no program may read or write this server (/proc/1/mem, /proc/1/fd)
 
 
 def read_exact(fd, n):
@@ -237,6 +243,8 @@ def start(spec, fds):
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         for name, soft, hard in spec["limits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
+        LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after an exec
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         python = in_process(argv)
         if python is not None:
             run_python(*python)
