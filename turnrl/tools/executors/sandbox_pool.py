@@ -316,6 +316,11 @@ class SandboxPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def held(self, session: str) -> WarmSandbox | None:
+        """The sandbox ``session`` holds between its calls, if any."""
+        with self._lock:
+            return self._bound.get(session)
+
     def counts(self) -> dict[str, int]:
         """How many sandboxes are idle (fresh), held by sessions, starting, and alive in all."""
         with self._lock:
