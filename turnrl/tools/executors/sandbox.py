@@ -41,6 +41,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import marshal
 import math
 import os
 import shutil
@@ -506,7 +507,7 @@ class SandboxExecutor(Executor):
         state = self._load(state_file) if sandbox.version != version else b""
         start = time.monotonic()
         try:
-            got = await sandbox.call(self._payload(program, state, -1) + program.stdin.encode(), limits.output_bytes,
+            got = await sandbox.call(self._payload(program, state, -1, warm=True) + program.stdin.encode(), limits.output_bytes,
                                      limits.wall_s, (self.workdir_mb << 20) + STATE_OVERHEAD)
         except BaseException:
             self.pool.retire(sandbox)
@@ -591,8 +592,9 @@ class SandboxExecutor(Executor):
         return verdict(output, returncode, killed[0] if killed else None, duration, self._effective,
                        sigkill="memory" if oom else "cpu")
 
-    def _payload(self, program: Program, state: bytes, state_fd: int) -> bytes:
-        """The launcher's input: a length-prefixed JSON spec, then the session's packed files."""
+    def _payload(self, program: Program, state: bytes, state_fd: int, warm: bool = False) -> bytes:
+        """The launcher's input: a length-prefixed spec (JSON; marshalled for the warm server,
+        which does without the ``json`` module), then the session's packed files."""
         limits = self.limits
         cpu = max(1, math.ceil(limits.cpu_s))
         memory = self._rlimit_mb << 20
@@ -609,7 +611,7 @@ class SandboxExecutor(Executor):
                 ("RLIMIT_CORE", 0, 0),
             ],
         }
-        header = json.dumps(spec).encode()
+        header = marshal.dumps(spec, 4) if warm else json.dumps(spec).encode()
         return str(len(header)).zfill(HEADER_DIGITS).encode() + header + state
 
 

@@ -164,14 +164,16 @@ class WarmSandbox:
             for task in (*readers, state_reader, answer):
                 task.cancel()
         status: int | None = None
+        packed_whole = False
         if answer.done() and not answer.cancelled() and answer.result() is not None and not killed:
-            status, self.clean = answer.result()
-        state_done = state_reader.done() and not state_reader.cancelled() and not too_big
+            status, self.clean, packed_whole = answer.result()
+            self.clean = self.clean and packed_whole
+        state_done = packed_whole and state_reader.done() and not state_reader.cancelled() and not too_big
         oom = self.cgroup is not None and self.cgroup.oom_kills() > oom_before
         return WarmCall(output, status, killed[0] if killed else None, bytes(packed) if state_done else None, oom)
 
-    async def _answer(self) -> tuple[int, bool] | None:
-        """The server's ``b"<status> <clean>\\n"`` (None if the socket closed first)."""
+    async def _answer(self) -> tuple[int, bool, bool] | None:
+        """The server's ``b"<status> <clean> <packed>\\n"`` (None if the socket closed first)."""
         loop = asyncio.get_running_loop()
         line = b""
         while not line.endswith(b"\n"):
@@ -183,8 +185,8 @@ class WarmSandbox:
                 return None
             line += chunk
         try:
-            status, clean = line.split()
-            return int(status), clean == b"1"
+            status, clean, packed = line.split()
+            return int(status), clean == b"1", packed == b"1"
         except ValueError:
             return None
 

@@ -2,22 +2,29 @@
 by ``python3 -c`` with this file's text before any call arrives, that runs one program per
 request and stays for the next.
 
-Not imported by turnrl: its source is sent into the sandbox. It needs only the standard library
-of the sandbox's ``python3`` (3.9 or later) and imports everything it uses at start, with the
-working dir off ``sys.path``, so no file a program leaves behind is ever imported by it.
+Not imported by turnrl: its source is sent into the sandbox. It needs only the sandbox's
+``python3`` (3.9 or later) and imports everything it uses at start, with the working dir off
+``sys.path``, so no file a program leaves behind is ever imported by it; it imports C modules
+(``_socket``, ``_signal``, ``_ctypes``) rather than their Python wrappers, which would pull in
+``enum`` and ``re``: a sandbox starts faster and a program finds few modules it did not import.
+It makes itself non-dumpable (``prctl``), so no program reads or writes its memory or fds
+through ``/proc/1``, and ignores SIGINT (pid 1 ignores what it has no handler for).
 
 Protocol, on the control socket whose fd is ``argv[1]``:
 
 - once started it sends ``b"R"``;
 - a request is the one-byte message ``b"C"`` carrying four fds (SCM_RIGHTS): the input pipe
   (a length-prefixed JSON spec as the cold launcher's, the session's packed files when
-  ``spec["state_bytes"]`` > 0, then the program's stdin), the program's stdout and stderr, and
+  ``spec["state_bytes"]`` > 0, then the program's stdin; the spec is marshalled, not JSON), the
+  program's stdout and stderr, and
   the pipe the packed working dir goes out through;
 - for each it restores the files (only ever into the empty ``/work`` of a fresh sandbox),
   writes ``Program.files``, forks the program under the rlimits, reaps every orphan until the
   program ends, kills every process left (``kill(-1)`` from pid 1) and reaps them, packs
-  ``/work`` out, empties ``/tmp`` and ``/dev/shm``, and answers ``b"<exit status> <clean>\\n"``
-  (``clean`` 0: something could not be removed, so the host must not reuse this sandbox).
+  ``/work`` out, empties ``/tmp`` and ``/dev/shm``, and answers
+  ``b"<exit status> <clean> <packed>\\n"`` (``clean`` 0: something could not be removed, so the
+  host must not reuse this sandbox; ``packed`` 0: the working dir could not be packed whole, so
+  the host keeps the session's files as they were and does not reuse the sandbox either).
 
 A ``python3 SCRIPT ...`` or ``python3 -c CODE ...`` program, where ``python3`` is this very
 interpreter, runs in the forked child itself, as a fresh interpreter would run it (``__main__``
@@ -26,17 +33,15 @@ files flushed at exit): no exec, no interpreter start-up. The child starts from 
 state, which no program can change (each runs in its own forked copy). Anything else is exec'd.
 """
 
+import _ctypes
+import _signal
+import _socket
 import atexit
 import builtins
-import ctypes
 import gc
-import json
 import marshal
 import os
 import resource
-import shutil
-import signal
-import socket
 import stat
 import sys
 import types
@@ -47,14 +52,27 @@ FDS = 4
 PYTHON = os.path.realpath(sys.executable)
 SEARCH = ("/usr/bin", "/bin")
 SCRATCH = {top: stat.S_IMODE(os.stat(top).st_mode) for top in ("/tmp", "/dev/shm")}
-
 PR_SET_DUMPABLE = 4
 
+
+class _Int(_ctypes._SimpleCData):
+    _type_ = "i"
+
+
+class _Function(_ctypes.CFuncPtr):
+    _flags_ = _ctypes.FUNCFLAG_CDECL
+    _restype_ = _Int
+
+
+class _Libc:
+    _handle = _ctypes.dlopen(None, 0)
+
+
+prctl = _Function(("prctl", _Libc()))
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-LIBC = ctypes.CDLL(None, use_errno=True)
-LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no program may read or write this server (/proc/1/mem, /proc/1/fd)
+_signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def read_exact(fd, n):
@@ -106,6 +124,7 @@ def write_files(files):
 
 
 def pack(out):
+    """Write ``/work``'s records to ``out``; False if it could not be walked whole."""
     def record(path, kind, mode, data):
         rec = marshal.dumps((path, kind, mode, data))
         view = memoryview(b"%0*d" % (H, len(rec)) + rec)
@@ -129,28 +148,31 @@ def pack(out):
                                 record(path, "f", stat.S_IMODE(st.st_mode), f.read())
                 except OSError:
                     pass
-    except OSError:
-        pass
+    except (OSError, RecursionError):
+        return False
+    return True
+
+
+def remove(path):
+    """Remove ``path``, a whole tree for a dir (made writable and searchable first)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
 
 
 def empty(top, mode):
     """Remove everything under ``top`` and give it back ``mode``; True when that worked."""
     try:
         os.chmod(top, 0o700)
-        for root, dirs, _ in os.walk(top):
-            for name in dirs:
-                path = os.path.join(root, name)
-                if not os.path.islink(path):
-                    os.chmod(path, 0o700)
         for name in os.listdir(top):
-            path = os.path.join(top, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
+            remove(os.path.join(top, name))
         os.chmod(top, mode)
         return not os.listdir(top)
-    except OSError:
+    except (OSError, RecursionError):
         return False
 
 
@@ -208,7 +230,7 @@ def run_python(path, code, args, path0):
             sys.excepthook(type(e), e, e.__traceback__)
         except BaseException:
             pass
-        status = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+        status = -_signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     try:
         threading = sys.modules.get("threading")
         if threading is not None:
@@ -225,9 +247,9 @@ def run_python(path, code, args, path0):
             stream.flush()
         except BaseException:
             status = status or 120
-    if status == -signal.SIGINT:  # python ends on KeyboardInterrupt by killing itself with SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    if status == -_signal.SIGINT:  # python ends on KeyboardInterrupt by killing itself with SIGINT
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.kill(os.getpid(), _signal.SIGINT)
     os._exit(status)
 
 
@@ -243,13 +265,13 @@ def start(spec, fds):
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         for name, soft, hard in spec["limits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
-        LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after an exec
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as after an exec
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # as in a fresh python3
         python = in_process(argv)
         if python is not None:
             run_python(*python)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
+        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+            _signal.signal(sig, _signal.SIG_DFL)
         os.execvp(argv[0], argv)
     except OSError as e:
         os.write(2, ("cannot run %r: %s\n" % (argv[0], e.strerror)).encode())
@@ -272,7 +294,7 @@ def reap(pid):
             break
     while True:
         try:
-            os.kill(-1, signal.SIGKILL)
+            os.kill(-1, _signal.SIGKILL)
         except OSError:
             pass
         try:
@@ -282,33 +304,55 @@ def reap(pid):
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+def receive(control):
+    """The next request's four fds, or None when the host is gone or sent something else."""
+    try:
+        data, ancillary, _, _ = control.recvmsg(1, _socket.CMSG_SPACE(FDS * 4))
+    except OSError:
+        return None
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += memoryview(payload[: len(payload) - len(payload) % 4]).cast("i").tolist()
+    if data != b"C" or len(fds) != FDS:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return fds
+
+
 def serve(control):
     control.sendall(b"R")
     while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(control, 1, FDS)
-        except OSError:
-            return
-        if data != b"C" or len(fds) != FDS:
+        fds = receive(control)
+        if fds is None:
             return
         source, out, err, state = fds
-        spec = json.loads(read_exact(source, int(read_exact(source, H))))
-        restore(source, spec["state_bytes"])
-        write_files(spec["files"])
-        gc.freeze()  # the forked program's collections then skip (and never copy) the server's objects
-        pid = start(spec, (source, out, err))
+        spec = marshal.loads(read_exact(source, int(read_exact(source, H))))
+        try:
+            restore(source, spec["state_bytes"])
+            write_files(spec["files"])
+        except (OSError, ValueError) as e:  # e.g. main.py made a directory by the last call
+            os.write(err, ("turnrl sandbox: cannot write the program's files: %s\n" % e).encode())
+            status = 1
+        else:
+            gc.freeze()  # the forked program's collections then skip (and never copy) the server's objects
+            status = None
+        if status is None:
+            pid = start(spec, (source, out, err))
         for fd in (source, out, err):
             os.close(fd)
-        status = reap(pid)
-        pack(state)
+        if status is None:
+            status = reap(pid)
+        packed = pack(state)
         os.close(state)
         clean = all([empty(top, mode) for top, mode in SCRATCH.items()])
-        control.sendall(b"%d %d\n" % (status, clean))
+        control.sendall(b"%d %d %d\n" % (status, clean, packed))
 
 
 if __name__ == "__main__":
     try:
-        serve(socket.socket(fileno=int(sys.argv[1])))
+        serve(_socket.socket(fileno=int(sys.argv[1])))
     except (EOFError, OSError, ValueError):
         pass
     os._exit(0)
