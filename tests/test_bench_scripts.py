@@ -47,3 +47,27 @@ def test_bench_learner_scaling_measures_each_row_count_in_its_own_process(tmp_pa
     rows = result["rows"]
     assert [r["rows"] for r in rows] == [4, 8] and rows[1]["tokens"] > rows[0]["tokens"]
     assert all(r["seconds"] > 0 and r["peak_rise_mib"] >= 0 for r in rows)
+
+
+def test_bench_sandbox_compares_bare_subprocesses_with_each_sandbox_mode(tmp_path):
+    from turnrl.tools.executors import SandboxExecutor, SandboxUnavailable
+
+    from tests.helpers import BWRAP_INSTALL, missing_tool
+
+    try:
+        SandboxExecutor().close()
+    except SandboxUnavailable as e:
+        missing_tool(f"bubblewrap sandbox unavailable: {e}", BWRAP_INSTALL)
+    out = tmp_path / "sandbox.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_sandbox.py"), "--snippets", "10",
+                           "--episode-calls", "5", "--concurrency", "2", "--repeats", "1", "--pool-size", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "sandbox, warm per episode (pool=episode)" in proc.stdout and "vs bare" in proc.stdout
+    assert set(result["rows"]) == {"bare", "off", "call", "episode"}
+    for side, row in result["rows"].items():
+        for how in ("sequential", "concurrent"):
+            assert row[how]["median"] > 0 and len(row[how]["rounds"]) == 1
+            assert row[how]["vs_bare"] == pytest.approx(row[how]["median"] / result["rows"]["bare"][how]["median"])
+    assert result["setup"]["snippets"] == 10 and result["setup"]["memory_mode"]
