@@ -102,9 +102,12 @@ FORMAT_REMINDER = "Run code with the run_python tool, or submit the complete fun
 RETRY = "Fix the function and submit it again in a ```python block."
 SHOWN_VALUE = 120
 DEFAULT_EXECUTOR_OPTIONS: Mapping[str, Mapping] = {
-    "sandbox": {"limits": {"cpu_s": 2.0, "wall_s": 5.0, "memory_mb": 256, "output_bytes": 16_384}},
+    "sandbox": {"limits": {"cpu_s": 2.0, "wall_s": 5.0, "memory_mb": 256, "output_bytes": 16_384},
+                "pool": "episode"},
 }
-"""Sandbox limits of both the model's ``run_python`` calls and the grading runs."""
+"""Sandbox limits of both the model's ``run_python`` calls and the grading runs, and warm
+sandboxes, each serving one episode's calls (or one grading run) and then discarded
+(``SandboxExecutor`` ``pool``: docs/sandbox.md)."""
 
 HARNESS = """import json, sys
 MARK, FUNC = {mark!r}, {func!r}
@@ -247,7 +250,7 @@ class PythonCodingEnv(MultiTurnEnv):
         executors: Tool name -> executor kind (default: ``run_python`` runs in ``"sandbox"``;
             grading uses the same executor).
         executor_options: Executor kind -> options; default ``DEFAULT_EXECUTOR_OPTIONS``
-            (sandbox limits cpu 2 s, wall 5 s, 256 MB).
+            (sandbox limits cpu 2 s, wall 5 s, 256 MB; warm sandboxes per episode).
     """
 
     tools = (run_python,)

@@ -29,6 +29,16 @@ as the memory limit. Elsewhere the bound is kept by rlimits: the tmpfs sizes are
 ``MIN_PROCESS_MB`` each, RLIMIT_NPROC lowered to fit). ``SandboxExecutor.memory_mode`` says
 which one runs.
 
+Warm sandboxes (``pool="call"`` / ``"episode"``, ``sandbox_pool.py``): the same command, started
+ahead with a trusted server (``warm_launcher.py``) as pid 1 instead of the one-shot launcher;
+each call forks the program from that server (a ``python3`` script runs in the forked
+interpreter itself). ``"call"``: a sandbox serves one call, so every call starts as in a cold
+one. ``"episode"``: a sandbox serves the calls of one session and is discarded with it; between
+its calls the server kills every process left and empties ``/tmp`` and ``/dev/shm``, each
+program starts from the server's untouched interpreter, and ``/work`` stays. No sandbox ever
+serves two sessions, so nothing (files, processes, interpreter or IPC state) passes from one
+episode to another in any mode. A warm sandbox has one memory cgroup for its whole life.
+
 The executor kills the whole sandbox after ``wall_s`` or once stdout+stderr exceed
 ``output_bytes``. Which limit stopped a run is read from the exit status (SIGXCPU or an
 unexplained SIGKILL: cpu; SIGKILL after an OOM kill: memory; SIGXFSZ: file) and from the
