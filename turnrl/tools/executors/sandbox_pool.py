@@ -34,7 +34,7 @@ from turnrl.tools.executors.base import LimitHit
 from turnrl.tools.executors.cgroup import RunCgroup
 from turnrl.tools.executors.verdict import OutputCap
 
-__all__ = ["KEPT_SESSIONS", "POOL_MODES", "SandboxPool", "WarmCall", "WarmSandbox", "WARM_LAUNCHER"]
+__all__ = ["KEPT_SESSIONS", "POOL_MODES", "WARM_LAUNCHER", "SandboxPool", "WarmCall", "WarmSandbox", "WarmStartFailed", "start_warm"]
 
 POOL_MODES = ("off", "call", "episode")
 WARM_LAUNCHER = (Path(__file__).with_name("warm_launcher.py")).read_text()
