@@ -47,3 +47,18 @@ def test_bench_learner_scaling_measures_each_row_count_in_its_own_process(tmp_pa
     rows = result["rows"]
     assert [r["rows"] for r in rows] == [4, 8] and rows[1]["tokens"] > rows[0]["tokens"]
     assert all(r["seconds"] > 0 and r["peak_rise_mib"] >= 0 for r in rows)
+
+
+def test_bench_trl_times_turnrl_and_trl_grpo_steps_on_both_benchmarks(tmp_path):
+    stdout, result = run_script("bench_trl.py", "--steps", "2", "--warmup", "1", "--group-size", "2",
+                                "--max-new-tokens", "4", "--tool-tokens", "8", "--warmstart-steps", "2",
+                                out=tmp_path / "trl.json")
+    assert "turnrl vs TRL GRPOTrainer" in stdout and "ratio" in stdout
+    assert result["setup"]["trl"] == "1.16.0"
+    assert [r["bench"] for r in result["rows"]] == ["single", "tools"]
+    for r in result["rows"]:
+        assert r["steps"] == 2 and r["same_prompt_ids"]
+        assert min(r["seconds"].values()) > 0 and 0 < r["turnrl_rollout"] < r["seconds"]["turnrl"]
+        assert r["ratio"] == pytest.approx(r["seconds"]["turnrl"] / r["seconds"]["trl"])
+        for side in ("turnrl", "trl"):
+            assert r["per_episode"][side]["sampled_tokens"] > 0
