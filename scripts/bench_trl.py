@@ -14,7 +14,8 @@ clip 0.2, token-mean aggregation, no KL, gradient clipping at 1.0, constant lear
   the reward is ``1 / (1 + |n - (a + b)|)`` for the completion's first integer ``n``, 0.0
   without one; at most ``--max-new-tokens`` (32) new tokens. turnrl runs its step pieces as its
   trainer does (``RolloutCollector.collect`` on a ``MultiTurnEnv``, ``collate``, ``assign_credit``
-  with the ``grpo`` estimator, ``Learner.update``); TRL runs ``GRPOTrainer.train``.
+  with the ``grpo`` estimator, ``Learner.update``), with ``env_workers=1`` (``trainer.env_workers``:
+  these envs answer at once, so threads would only add overhead); TRL runs ``GRPOTrainer.train``.
 * ``tools``: tool episodes. ``CalcMathEnv`` problems (``"Compute 37 + 24 * 5."``, two operations)
   with the ``calculator`` tool, at most 2 calls and an answer per episode, reward 1.0 for the right
   ``Answer: N``. Both sides start from the same warm start (``turnrl.warmstart.warm_start`` on the

@@ -275,13 +275,20 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     row's sum, and the first id whose cumulative weight exceeds it. Returns ``[B]`` ids.
 
     The same distribution as ``torch.multinomial(probs, 1)``, from ``B`` uniform numbers instead
-    of ``B * V`` exponential ones (multinomial draws one per vocabulary entry: on CPU that was
-    three quarters of a sampling step's time at a vocabulary of 1,000). The sums run in float64,
-    and ``u`` stays strictly below the row's total, so an id of weight 0 is never drawn (its
-    cumulative weight equals the one before it).
+    of ``B * V`` exponential ones (multinomial draws one per vocabulary entry: on CPU, at a
+    vocabulary of 1,000 and 8 rows, 0.18 ms of a decoded token's ~1 ms; this takes a ninth of
+    that). The sums run in float64, and ``u`` stays strictly below the row's total, so an id of
+    weight 0 is never drawn (its cumulative weight equals the one before it).
+
+    Raises:
+        ValueError: On a row whose sum is not a positive finite number (NaN or inf weights, or
+            all zero), as ``torch.multinomial`` does.
     """
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):
+        raise ValueError("sample_categorical: a row of probs has NaN/inf weights or sums to 0 "
+                         "(non-finite logits?); every row needs non-negative weights with a positive finite sum")
     u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
