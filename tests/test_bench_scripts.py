@@ -71,3 +71,18 @@ def test_bench_sandbox_compares_bare_subprocesses_with_each_sandbox_mode(tmp_pat
             assert row[how]["median"] > 0 and len(row[how]["rounds"]) == 1
             assert row[how]["vs_bare"] == pytest.approx(row[how]["median"] / result["rows"]["bare"][how]["median"])
     assert result["setup"]["snippets"] == 10 and result["setup"]["memory_mode"]
+
+
+def test_bench_trl_times_turnrl_and_trl_grpo_steps_on_both_benchmarks(tmp_path):
+    stdout, result = run_script("bench_trl.py", "--steps", "2", "--warmup", "1", "--group-size", "2",
+                                "--max-new-tokens", "4", "--tool-tokens", "8", "--warmstart-steps", "2",
+                                out=tmp_path / "trl.json")
+    assert "turnrl vs TRL GRPOTrainer" in stdout and "ratio" in stdout
+    assert result["setup"]["trl"] == "1.16.0"
+    assert [r["bench"] for r in result["rows"]] == ["single", "tools"]
+    for r in result["rows"]:
+        assert r["steps"] == 2 and r["same_prompt_ids"]
+        assert min(r["seconds"].values()) > 0 and 0 < r["turnrl_rollout"] < r["seconds"]["turnrl"]
+        assert r["ratio"] == pytest.approx(r["seconds"]["turnrl"] / r["seconds"]["trl"])
+        for side in ("turnrl", "trl"):
+            assert r["per_episode"][side]["sampled_tokens"] > 0

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.agents.hf_policy import sample_categorical
 from turnrl.algorithms import token_logprobs
 from tests.helpers import varied_prompts
 
@@ -162,3 +163,17 @@ def test_a_turn_ends_at_every_end_of_turn_token_of_the_family_and_no_other(force
         assert (gen.token_ids, gen.finish_reason) == ([target], "stop")
     else:
         assert (gen.token_ids, gen.finish_reason) == ([target] * 4, "length")
+
+
+def test_sample_categorical_draws_each_id_at_its_probability_and_never_a_zero_weight_one():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1e-30]]).repeat(20_000, 1)
+    draws = sample_categorical(probs, torch.Generator().manual_seed(0)).view(20_000, 2)
+    counts = torch.bincount(draws[:, 0], minlength=6).double() / 20_000
+    # 4 standard errors of a proportion out of 20,000 draws: at most 0.015
+    assert torch.allclose(counts, probs[0].double(), atol=0.015)
+    assert counts[[0, 2, 5]].sum() == 0  # weight 0: never drawn
+    assert (draws[:, 1] == 5).all()  # the only id with weight, however small the row's sum
+    again = sample_categorical(probs, torch.Generator().manual_seed(0)).view(20_000, 2)
+    assert torch.equal(draws, again)  # the same generator state, the same draws
+    with pytest.raises(ValueError, match="NaN/inf"):
+        sample_categorical(torch.tensor([[0.5, float("nan")]]), torch.Generator())

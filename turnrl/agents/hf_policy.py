@@ -171,21 +171,26 @@ class TransformersPolicy:
 
         sampled = [[] for _ in range(batch)]
         logprobs = [[] for _ in range(batch)]
+        live = list(range(batch))  # rows still sampling (the same as ~finished, on the host)
+        stops = set(self.stop_ids)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        stops = torch.tensor(self.stop_ids, dtype=torch.long, device=self.device)
         for _ in range(params.max_new_tokens):
             if params.greedy:
                 logp = torch.log_softmax(logits, dim=-1)
                 tokens = logp.argmax(dim=-1)
             else:
                 logp = torch.log_softmax(logits / params.temperature, dim=-1)
-                tokens = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+                tokens = sample_categorical(logp.exp(), self.generator)
             chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-            for row in (~finished).nonzero().flatten().tolist():
-                sampled[row].append(int(tokens[row]))
-                logprobs[row].append(float(chosen[row]))
-            finished |= torch.isin(tokens, stops)
-            if bool(finished.all()):
+            token_list, chosen_list = tokens.tolist(), chosen.tolist()  # one host copy per step, not per row
+            for row in live:
+                sampled[row].append(token_list[row])
+                logprobs[row].append(chosen_list[row])
+            ended = [row for row in live if token_list[row] in stops]
+            if ended:
+                live = [row for row in live if row not in ended]
+                finished[ended] = True
+            if not live:
                 break
             tokens = tokens.masked_fill(finished, self.pad_id)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
@@ -262,6 +267,31 @@ class TransformersPolicy:
             ids = tuple(prompt) + tuple(reply[:len(keep) - len(prompt)])
             entries.append(CachedPrefix(ids, [(k[row][:, keep], v[row][:, keep]) for k, v in kv]))
         self.cache.store(entries)
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row of ``probs`` ``[B, V]`` (rows of non-negative weights, each with a positive
+    sum, e.g. a softmax) by inverse transform sampling: a uniform ``u`` per row, scaled to the
+    row's sum, and the first id whose cumulative weight exceeds it. Returns ``[B]`` ids.
+
+    The same distribution as ``torch.multinomial(probs, 1)``, from ``B`` uniform numbers instead
+    of ``B * V`` exponential ones (multinomial draws one per vocabulary entry: on CPU, at a
+    vocabulary of 1,000 and 8 rows, 0.18 ms of a decoded token's ~1 ms; this takes a ninth of
+    that). The sums run in float64, and ``u`` stays strictly below the row's total, so an id of
+    weight 0 is never drawn (its cumulative weight equals the one before it).
+
+    Raises:
+        ValueError: On a row whose sum is not a positive finite number (NaN or inf weights, or
+            all zero), as ``torch.multinomial`` does.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):
+        raise ValueError("sample_categorical: a row of probs has NaN/inf weights or sums to 0 "
+                         "(non-finite logits?); every row needs non-negative weights with a positive finite sum")
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
 def _merge_lora_in_place(model: torch.nn.Module) -> None:
