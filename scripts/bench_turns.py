@@ -1,6 +1,8 @@
 """Rollout time against turns per episode, with and without the transformers backend's prefix
-cache (the keys and values of an episode's history kept across its turns), and against one raw
-``model.generate`` of the same tokens, side by side.
+cache (the keys and values of an episode's history kept across its turns), with the cache's keys
+and values written in place (``kv_buffer``, the default) or concatenated per token
+(transformers' ``DynamicCache``), and against one raw ``model.generate`` of the same tokens,
+side by side.
 
     .venv/bin/python scripts/bench_turns.py [--turns 4,8,16,32] [--episodes 16] [--json out.json]
 
@@ -42,7 +44,8 @@ from turnrl.bench_stats import growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 
-MODES = {"prefix cache": True, "whole prefill": False}
+# mode: (prefix_cache, kv_buffer) of TransformersPolicy
+MODES = {"prefix cache": (True, True), "cache, KV concatenated": (True, False), "whole prefill": (False, True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,8 +94,8 @@ def run(args) -> dict:
     for turns in args.turns:
         times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate")}
         for repeat in range(args.repeats + 1):  # the first round warms up (and counts the tokens)
-            for mode, cached in MODES.items():
-                policy = TransformersPolicy(model, tokenizer, seed=repeat, prefix_cache=cached)
+            for mode, (cached, buffered) in MODES.items():
+                policy = TransformersPolicy(model, tokenizer, seed=repeat, prefix_cache=cached, kv_buffer=buffered)
                 collector = RolloutCollector(lambda t=turns: GuessNumberEnv(n=1000, max_turns=t), policy, renderer,
                                              max_context_tokens=65536)
                 start = time.perf_counter()
@@ -107,6 +110,7 @@ def run(args) -> dict:
         for mode, seconds in times.items():
             row[mode] = statistics.median(seconds[1:]) / args.episodes
         row["speedup"] = row["whole prefill"] / row["prefix cache"]
+        row["buffer_speedup"] = row["cache, KV concatenated"] / row["prefix cache"]
         row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
         rows.append(row)
         print(f"  {turns} turns: {row['prefix cache']:.3f} s vs {row['whole prefill']:.3f} s per episode "
@@ -124,15 +128,15 @@ def print_table(result: dict) -> None:
     print(f"rollout time vs turns: tiny Qwen2 {s['params_m']:.2f}M params, {s['episodes']} GuessNumber episodes per "
           f"batch, {s['max_new_tokens']} new tokens per turn, {s['threads']} threads, median of {s['repeats']}, "
           f"torch {s['torch']}")
-    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'whole prefill s/ep':>19} "
-          f"{'speed-up':>9} {'raw generate s/ep':>18} {'collector/generate':>19}")
+    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'KV concatenated s/ep':>21} "
+          f"{'whole prefill s/ep':>19} {'speed-up':>9} {'raw generate s/ep':>18} {'collector/generate':>19}")
     for r in result["rows"]:
         print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} "
-              f"{r['prefix cache']:>18.3f} {r['whole prefill']:>19.3f} {r['speedup']:>8.2f}x {r['generate']:>18.3f} "
-              f"{r['collector_vs_generate']:>18.2f}x")
+              f"{r['prefix cache']:>18.3f} {r['cache, KV concatenated']:>21.3f} {r['whole prefill']:>19.3f} "
+              f"{r['speedup']:>8.2f}x {r['generate']:>18.3f} {r['collector_vs_generate']:>18.2f}x")
     e = result["exponent"]
     print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
-          f"whole prefill {e['whole prefill']:.2f}")
+          f"KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

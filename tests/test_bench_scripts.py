@@ -28,8 +28,9 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
         assert 0 < r["played_turns"] <= r["turns"] and r["sampled_tokens"] > 0
         assert r["prefix cache"] > 0 and r["whole prefill"] > 0 and r["generate"] > 0
         assert r["speedup"] == pytest.approx(r["whole prefill"] / r["prefix cache"])
+        assert r["buffer_speedup"] == pytest.approx(r["cache, KV concatenated"] / r["prefix cache"])
     assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
-    assert set(result["exponent"]) == {"prefix cache", "whole prefill"}
+    assert set(result["exponent"]) == {"prefix cache", "cache, KV concatenated", "whole prefill"}
 
 
 def test_bench_learner_loop_times_the_learner_against_bare_torch_loops(tmp_path):

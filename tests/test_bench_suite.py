@@ -4,6 +4,7 @@ the reports' numbers agree with the runs they summarise."""
 
 import csv
 import json
+import shutil
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -264,6 +265,32 @@ def test_a_rerun_with_another_config_refuses_the_finished_runs(finished, capsys)
     path, out = finished
     assert suite_main(["--suite", str(path), "--out", str(out), "--", *FAST, "trainer.eval_episodes=4"]) == 2
     assert "differs in ['trainer.eval_episodes']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_report_only_rebuilds_the_reports_from_finished_runs_whatever_their_config(finished, tmp_path, capsys,
+                                                                                     monkeypatch):
+    path, finished_out = finished
+    out = tmp_path / "out"
+    shutil.copytree(finished_out, out)
+    before = list(csv.DictReader((out / "results.csv").open()))
+    for name in ("results.csv", "summary.csv", "table.md", "curves.png", "report.html"):
+        (out / name).unlink()
+    (out / "guess" / "rloo" / "seed1" / bench_suite.RECORD_FILE).unlink()
+    monkeypatch.setattr(bench_suite, "train_cell", lambda *a, **k: pytest.fail("--report-only trained a cell"))
+    # a config that differs from the runs' (a rerun refuses it) does not block the report
+    assert suite_main(["--suite", str(path), "--out", str(out), "--report-only", "--", *FAST,
+                       "trainer.eval_episodes=4"]) == 0
+    captured = capsys.readouterr()
+    assert "1 cell(s) not run, left out: guess/rloo/seed1" in captured.err and "(3 runs)" in captured.out
+    for name in ("summary.csv", "table.md", "curves.png", "report.html"):
+        assert (out / name).is_file(), name
+    after = list(csv.DictReader((out / "results.csv").open()))
+    assert after == [r for r in before if (r["method"], r["seed"]) != ("rloo", "1")]
+    # nothing finished: a clear error
+    assert suite_main(["--suite", str(path), "--out", str(tmp_path / "empty"), "--report-only"]) == 2
+    assert "holds no finished run" in capsys.readouterr().err
 
 
 @pytest.mark.slow

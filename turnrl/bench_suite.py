@@ -475,6 +475,35 @@ def write_reports(suite: Suite, records: Sequence[RunRecord], out: str | Path,
     return summaries
 
 
+def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> tuple[list[RunRecord], list[str]]:
+    """Rebuild the reports of ``out`` from its finished cells, training nothing; returns their
+    records and the cells without one (``"env/method/seedN"``).
+
+    Unlike a rerun, a finished cell counts whatever its saved config (a later code or schema
+    change, such as a new field, does not block its report): the reports are the runs as they
+    ran, and each run's own config stays in its record. Cells not run are left out of the
+    tables (paired differences use the seeds both methods have).
+
+    Raises:
+        SuiteError: When ``out`` holds no finished cell of ``suite``.
+    """
+    out = Path(out)
+    records, missing = [], []
+    for env in suite.envs:
+        for method in suite.methods:
+            for seed in suite.seeds:
+                saved = _read_record(out / env.name / method.name / f"seed{seed}")
+                if saved is None:
+                    missing.append(f"{env.name}/{method.name}/seed{seed}")
+                else:
+                    records.append(saved["record"])
+    if not records:
+        raise SuiteError(f"{out} holds no finished run of suite {suite.name!r} ({len(missing)} cells, none with "
+                         f"{RECORD_FILE}); run it first, without --report-only")
+    write_reports(suite, records, out, overrides)
+    return records, missing
+
+
 def run_from_args(args) -> int:
     """The ``bench`` subcommand of ``turnrl.cli``: 0 done, 2 a bad suite or selection (before
     any training), 130 interrupted (rerun the same command to continue)."""
@@ -486,6 +515,17 @@ def run_from_args(args) -> int:
         print(f"turnrl bench: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or f"bench-{suite.name}")
+    if getattr(args, "report_only", False):
+        try:
+            records, missing = report_suite(suite, out, args.overrides)
+        except SuiteError as e:
+            print(f"turnrl bench: error: {e}", file=sys.stderr)
+            return 2
+        if missing:
+            print(f"turnrl bench: {len(missing)} cell(s) not run, left out: {', '.join(missing)}", file=sys.stderr)
+        print((out / "table.md").read_text(), end="")
+        print(f"report: {out / 'report.html'} ({len(records)} runs)")
+        return 0
     try:
         run_suite(suite, out, args.overrides, progress=args.progress, workers=args.workers)
     except SuiteError as e:

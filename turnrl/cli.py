@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="runs trained at once, each in its own process (default 1); each takes "
                             "trainer.threads torch threads, by default its share of the cores (cores / workers)")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
+    bench.add_argument("--report-only", action="store_true",
+                       help="train nothing: rebuild the reports from the finished runs in --out, even those whose "
+                            "config has changed since (code or schema changes), and list the cells not run")
     bench.add_argument("overrides", nargs="*", help="Hydra overrides of every run, after -- (applied last)")
     bench.set_defaults(run=_bench)
 

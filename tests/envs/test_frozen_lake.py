@@ -81,6 +81,27 @@ def test_local_view_shows_the_goal_offset_and_the_neighbours_instead_of_the_map(
     assert info["state_key"] == (2, 2) and info["turn"] == 4
 
 
+def test_toward_view_lists_the_goal_directions_first_with_the_cell_each_way():
+    env, obs, info = fixed(SMALL, view="toward")
+    assert "You do not see the map" in obs[0]["content"]
+    # a tie (2 and 2) lists the vertical offset first, as toward_action plays it
+    assert obs[1]["content"].startswith("Goal: 2 down (ice), 2 right (ice). Else: up edge, left edge.\n")
+    obs, *_ = env.step("right")
+    assert obs[0]["content"] == "right: moved\nGoal: 2 down (ice), 1 right (hole). Else: up edge, left ice."
+    obs, *_ = env.step("down")
+    assert obs[0]["content"].endswith("Goal: 1 down (ice), 1 right (ice). Else: up ice, left ice.")
+    obs, *_ = env.step("down")
+    # one axis done: both of its moves are among the others
+    assert obs[0]["content"].endswith("Goal: 1 right (goal). Else: up ice, down edge, left hole.")
+    # the larger offset comes first whichever axis it is on
+    env, obs, _ = fixed("S.../..../.O.G/....", view="toward")
+    assert obs[1]["content"].startswith("Goal: 3 right (ice), 2 down (ice). Else:")
+    # the same players as the local view: only what the observation shows differs
+    env, _, _ = fixed("S../O../.G.", view="toward")
+    assert env.toward_action() == "down" and env.local_action() == "right"
+    assert {env.weak_expert_action(np.random.default_rng(s)) for s in range(50)} == {"down", "right"}
+
+
 def test_local_player_heads_for_the_goal_around_holes_but_has_no_memory():
     env, _, _ = fixed(SMALL, view="local")
     moves = []
@@ -108,6 +129,20 @@ def test_local_view_weak_player_mostly_walks_into_the_hole_in_its_way():
     # the map view's weak player is still the noisy expert
     env, _, _ = fixed("S../O../.G.")
     assert {env.weak_expert_action(rng) for _ in range(200)} == {"up", "down", "left", "right"}
+
+
+def test_weak_skill_sets_how_often_the_weak_player_plays_the_better_move():
+    rng = np.random.default_rng(1)
+    env, _, _ = fixed("S../O../.G.", view="toward", weak_skill=0.5)
+    played = [env.weak_expert_action(rng) for _ in range(2000)]
+    assert abs(played.count("right") / 2000 - 0.5) < 0.05  # 4.5 sigma
+    env, _, _ = fixed("S../O../.G.", view="local", weak_skill=1)
+    assert {env.weak_expert_action(rng) for _ in range(100)} == {"right"}
+    env, _, _ = fixed("S../O../.G.", weak_skill=1.0)  # the map view's weak player: the expert
+    assert {env.weak_expert_action(rng) for _ in range(100)} == {env.expert_action()}
+    for bad in (-0.1, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match="weak_skill must be None or a probability"):
+            FrozenLakeEnv(weak_skill=bad)
 
 
 @pytest.mark.slow

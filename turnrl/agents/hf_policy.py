@@ -11,6 +11,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from turnrl.agents.chat_format import turn_end_ids
+from turnrl.agents.gqa_attention import gqa_attention
+from turnrl.agents.kv_buffer import BufferLayer, buffer_cache, plain_attention
 from turnrl.agents.prefix_cache import CachedPrefix, PrefixCache
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.agents.weights import merged_state_dict, unwrap_model
@@ -48,11 +50,15 @@ class TransformersPolicy:
             format, ``turnrl.agents.chat_format.turn_end_ids``) end a turn, ``pad_token_id`` pads.
         seed: seed of the sampling RNG (a private ``torch.Generator``).
         prefix_cache: keep keys and values across calls (above).
+        kv_buffer: within a call, write each token's keys and values in place into a buffer sized
+            for the call (``turnrl.agents.kv_buffer``) instead of concatenating them onto the
+            history per token (transformers' ``DynamicCache``); used only where every layer is
+            plain attention. The figures are the same either way.
     """
 
     token_exact = True
 
-    def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True):
+    def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True, kv_buffer: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -63,6 +69,10 @@ class TransformersPolicy:
         self._own_copy = False
         self.cache = PrefixCache() if prefix_cache else None
         self._weights_version = -1
+        # keys and values written in place (turnrl.agents.kv_buffer) where every layer is plain attention
+        config = getattr(unwrap_model(model), "config", None)
+        plain = kv_buffer and config is not None and plain_attention(config)
+        self._buffer_layers = config.num_hidden_layers if plain else 0
 
     @classmethod
     def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0, prefix_cache: bool = True) -> TransformersPolicy:
@@ -157,12 +167,16 @@ class TransformersPolicy:
         """
         if not prompts:
             return []
+        with gqa_attention(self.model):
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         was_training = self.model.training
         self.model.eval()
         batch = len(prompts)
         hits = self._lookup(prompts)
         cached = [0 if h is None else len(h.ids) for h in hits]
-        input_ids, attention, past = self._prefill_inputs(prompts, hits, cached)
+        input_ids, attention, past = self._prefill_inputs(prompts, hits, cached, params.max_new_tokens)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, attention.shape[1] - input_ids.shape[1]:]
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                          past_key_values=past, use_cache=True, logits_to_keep=1)
@@ -221,10 +235,12 @@ class TransformersPolicy:
             self._weights_version = version
         return [self.cache.lookup(p) for p in prompts]
 
-    def _prefill_inputs(self, prompts: list[list[int]], hits: list[CachedPrefix | None], cached: list[int]):
+    def _prefill_inputs(self, prompts: list[list[int]], hits: list[CachedPrefix | None], cached: list[int],
+                        max_new_tokens: int):
         """``(input_ids [B, S], attention [B, C + S], past or None)`` of the first forward: each
         row's uncached tokens left-padded to ``S``, after its cached keys and values left-padded
-        to ``C = max(cached)`` (padding is masked out wherever it sits)."""
+        to ``C = max(cached)`` (padding is masked out wherever it sits). On a plain-attention
+        model ``past`` is a cache of ``BufferLayer`` s with room for ``C + S + max_new_tokens``."""
         batch, width_c = len(prompts), max(cached)
         width = max(len(p) - c for p, c in zip(prompts, cached))
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
@@ -234,6 +250,18 @@ class TransformersPolicy:
             input_ids[row, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
             attention[row, width_c - c:width_c] = 1
             attention[row, width_c + width - len(rest):] = 1
+        if self._buffer_layers:
+            capacity = width_c + width + max_new_tokens
+            past = buffer_cache(self._buffer_layers, capacity)
+            if width_c:
+                template = next(h for h in hits if h is not None).layers
+                for index, layer in enumerate(past.layers):
+                    layer.reserve(batch, *template[index], filled=width_c)
+                    for row, (hit, c) in enumerate(zip(hits, cached)):
+                        if hit is not None:
+                            layer.keys[row, :, width_c - c:] = hit.layers[index][0]
+                            layer.values[row, :, width_c - c:] = hit.layers[index][1]
+            return input_ids, attention, past
         if width_c == 0:
             return input_ids, attention, None
         layers = []
@@ -254,7 +282,7 @@ class TransformersPolicy:
         if self.cache is None:
             return
         layers = getattr(past, "layers", None)
-        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        if not layers or any(type(layer) not in (DynamicLayer, BufferLayer) for layer in layers):
             self.cache = None  # a sliding-window, linear-attention or conv layer: not cut by position
             return
         kv = [(layer.keys, layer.values) for layer in layers]

@@ -29,7 +29,11 @@ Observation Space:
     player: ``"Goal: 2 down, 3 right. Next to you: up edge, down ice, left hole, right
     ice."`` (cells ``ice``, ``hole``, ``goal``, ``edge``), about 20 tokens a turn instead of a
     whole map. It is partially observable (a dead end behind a wall of holes is not seen) and
-    keeps long episodes short in tokens.
+    keeps long episodes short in tokens. ``view="toward"`` shows the same cells ordered the way
+    a player heading for the goal reads them: the goal's directions first, the larger offset
+    first, each with the cell one step that way, then the other moves: ``"Goal: 3 right
+    (hole), 2 down (ice). Else: up edge, left ice."`` (the move to play is the first one, or
+    the second when the first is a hole: a choice read off fixed places in the text).
 
 Rewards:
     1.0 on the turn the player reaches the goal, 0.0 otherwise (also for falling in a hole).
@@ -59,8 +63,9 @@ Scripted players:
     ``local_action`` is the best a player seeing only the local view can do without memory:
     a step toward the goal that is not a hole (the larger offset first), else a sideways one;
     ``toward_action`` steps toward the goal along the larger offset even into a hole. Under
-    ``view="local"`` the weak player mixes them (``local_action`` with p=0.3), since the
-    expert's moves cannot be read off that view: imitating them teaches noise.
+    ``view="local"`` and ``"toward"`` the weak player mixes them (``local_action`` with
+    p=``weak_skill``, default 0.3), since the expert's moves cannot be read off those views:
+    imitating them teaches noise.
     Measured with ``python -m turnrl baselines turnrl/FrozenLake-v0 --episodes 200`` (default
     kwargs), success (mean turns): test random 0.11 (6.1), weak 0.52 (6.2), expert 1.00
     (3.9); train random 0.07, weak 0.52, expert 1.00. Other settings (seeds 0..199 of both
@@ -89,7 +94,7 @@ from turnrl.tools import ParseResult, ToolResult
 __all__ = ["FrozenLakeEnv", "LakeMap", "generate_map", "parse_map", "shortest_path", "slippery_plan"]
 
 START, GOAL, HOLE, ICE, PLAYER = "S", "G", "O", ".", "P"
-VIEWS = ("map", "local")
+VIEWS = ("map", "local", "toward")
 CELL_WORDS = {ICE: "ice", START: "ice", HOLE: "hole", GOAL: "goal"}
 MIN_SIZE, MAX_SIZE = 3, 8
 TEST_BUCKETS = 4  # one hash bucket in four is the test split
@@ -155,6 +160,20 @@ class LakeMap:
             nxt = step_pos(self.size, player, move)
             around.append(f"{move} {'edge' if nxt == player else CELL_WORDS[self.cell(nxt)]}")
         return f"Goal: {', '.join(offsets) or 'here'}. Next to you: {', '.join(around)}."
+
+    def render_toward(self, player: Pos) -> str:
+        """The toward view: the local view's cells, ordered the way a player heading for the goal
+        reads them. The goal's directions come first, the larger offset first (vertical on a
+        tie), each with the cell one step that way; then the other moves in ``MOVES`` order, e.g.
+        ``"Goal: 3 right (hole), 2 down (ice). Else: left ice, up edge."``"""
+        (gr, gc), (r, c) = self.goal, player
+        toward = sorted(((abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")),
+                        key=lambda t: -t[0])
+        cells = {move: ("edge" if (nxt := step_pos(self.size, player, move)) == player
+                        else CELL_WORDS[self.cell(nxt)]) for move in MOVES}
+        goal = [f"{d} {move} ({cells[move]})" for d, move in toward if d]
+        other = [f"{move} {cells[move]}" for move in MOVES if move not in {m for d, m in toward if d}]
+        return f"Goal: {', '.join(goal) or 'here'}. Else: {', '.join(other)}."
 
     def _find(self, symbol: str) -> Pos:
         for r, row in enumerate(self.rows):
@@ -282,13 +301,18 @@ class FrozenLakeEnv(MultiTurnEnv):
             ``[size - 1, 2 * size + 2]``; None (default) is ``size - 1``. Raising it makes every
             episode long (``min_path=8``: the expert needs 8+ turns) without a larger map.
         view: What each observation shows: ``"map"`` (default) the whole map, ``"local"`` the
-            goal's offset and the four neighbouring cells (see Observation Space).
+            goal's offset and the four neighbouring cells, ``"toward"`` the same cells with the
+            goal's directions first (see Observation Space).
+        weak_skill: Probability that ``weak_expert_action`` plays the better player's move (the
+            expert's on the map view, ``local_action``'s on the others); None (default) is 0.4
+            on the map view and 0.3 on the others.
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     def __init__(self, size: int = 4, hole_prob: float = 0.25, *, is_slippery: bool = False,
                  moves_per_turn: int = 1, maps: Sequence[str] | None = None, max_turns: int | None = None,
-                 min_path: int | None = None, view: str = "map", tool_parser: str = "hermes") -> None:
+                 min_path: int | None = None, view: str = "map", weak_skill: float | None = None,
+                 tool_parser: str = "hermes") -> None:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not MIN_SIZE <= size <= MAX_SIZE:
             raise ValueError(f"size must be an int in [{MIN_SIZE}, {MAX_SIZE}], got {size!r}")
         if not isinstance(hole_prob, (int, float)) or isinstance(hole_prob, bool) or not 0 <= hole_prob <= 0.6:
@@ -300,6 +324,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         if view not in VIEWS:
             raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
         self.view = view
+        if weak_skill is not None and (not isinstance(weak_skill, (int, float)) or isinstance(weak_skill, bool)
+                                       or not 0 <= weak_skill <= 1):
+            raise ValueError(f"weak_skill must be None or a probability in [0, 1], got {weak_skill!r}")
+        default_skill = WEAK_FOLLOW_PROB if view == "map" else LOCAL_WEAK_AROUND_PROB
+        self.weak_skill = default_skill if weak_skill is None else float(weak_skill)
         if isinstance(maps, str) or (maps is not None and not maps):
             raise ValueError(f"maps must be a non-empty sequence of map strings or None, got {maps!r}")
         self.maps = tuple(parse_map(m) for m in maps) if maps is not None else None
@@ -391,9 +420,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         return TurnOutcome(messages=(_user("\n".join(lines)),))
 
     def _observe(self) -> str:
-        """The view of the current cell: the map (``view="map"``) or the local view."""
+        """The view of the current cell: the map (``view="map"``), the local view or the toward view."""
         lake: LakeMap = self._task
-        return f"Map:\n{lake.render(self._pos)}" if self.view == "map" else lake.render_local(self._pos)
+        if self.view == "map":
+            return f"Map:\n{lake.render(self._pos)}"
+        return lake.render_local(self._pos) if self.view == "local" else lake.render_toward(self._pos)
 
     def _state_key(self) -> Pos:
         return self._pos
@@ -448,19 +479,20 @@ class FrozenLakeEnv(MultiTurnEnv):
         return random_moves(rng, self.moves_per_turn)
 
     def weak_expert_action(self, rng: np.random.Generator) -> str:
-        """A warm-start player. On the map view: the expert's moves with p=``WEAK_FOLLOW_PROB``
-        (0.4), else random ones. On the local view, where the expert's moves cannot be read off
-        the observation: ``local_action`` with p=``LOCAL_WEAK_AROUND_PROB`` (0.3), else
-        ``toward_action``, so its most likely move walks into a hole in the way (a model that
-        imitates it plays that greedily) and the one that steps around it is also seen.
+        """A warm-start player. On the map view: the expert's moves with p=``weak_skill``
+        (default ``WEAK_FOLLOW_PROB`` = 0.4), else random ones. On the local and toward views,
+        where the expert's moves cannot be read off the observation: ``local_action`` with
+        p=``weak_skill`` (default ``LOCAL_WEAK_AROUND_PROB`` = 0.3), else ``toward_action``, so
+        its most likely move walks into a hole in the way (a model that imitates it plays that
+        greedily) and the one that steps around it is also seen.
 
         Args:
             rng: The player's own generator (the env's ``np_random`` is not touched).
         """
         self._require_active("weak_expert_action()")
-        if self.view == "local":
-            return self.local_action() if rng.random() < LOCAL_WEAK_AROUND_PROB else self.toward_action()
-        return self.expert_action() if rng.random() < WEAK_FOLLOW_PROB else self.random_action(rng)
+        if self.view != "map":
+            return self.local_action() if rng.random() < self.weak_skill else self.toward_action()
+        return self.expert_action() if rng.random() < self.weak_skill else self.random_action(rng)
 
 
 def _user(content: str) -> Message:
