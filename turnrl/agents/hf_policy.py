@@ -42,7 +42,10 @@ class TransformersPolicy:
     optimizer steps and ``load_weights`` are; a write through ``.data`` is not seen: call
     ``rng_state()`` or make a new policy after one), and used only on models whose every layer keeps
     plain attention keys and values (else each prompt is prefilled whole). The figures agree
-    with a whole prefill to float rounding (the same sums in another order).
+    with a whole prefill to float rounding (the same sums in another order). Within a call, keys
+    and values are written in place (``kv_buffer``), and a model on ``sdpa`` attention samples
+    with grouped query heads passed to SDPA as they are (``turnrl.agents.gqa_attention``: no
+    per-head copy of the history per token).
 
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
