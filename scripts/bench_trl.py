@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import re
 import statistics
@@ -60,6 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from turnrl.bench_stats import emit  # noqa: E402
 from turnrl.agents import ChatRenderer, SamplingParams, TransformersPolicy  # noqa: E402
 from turnrl.agents.scripted import corpus_texts  # noqa: E402
 from turnrl.agents.tiny_hf import build_model, template_tokenizer  # noqa: E402
@@ -368,10 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = run(args)
-    print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    emit(run(args), print_table, args.json)
 
 
 if __name__ == "__main__":

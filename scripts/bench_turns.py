@@ -25,7 +25,6 @@ stepping the envs, rendering observations, and running the model over each obser
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
 from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
 from turnrl.agents.scripted import corpus_texts  # noqa: E402
-from turnrl.bench_stats import growth_exponent  # noqa: E402
+from turnrl.bench_stats import emit, growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 
@@ -141,10 +140,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = run(args)
-    print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    emit(run(args), print_table, args.json)
 
 
 if __name__ == "__main__":
