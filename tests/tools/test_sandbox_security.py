@@ -187,11 +187,19 @@ ALL_ENVIRONS = (
 )
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_host_environment_reaches_no_process_inside(monkeypatch, mode):
     """bwrap itself (pid 1 inside without --as-pid-1) used to carry the parent's environment."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-turnrl-test-secret-4242")
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libgomp-preloaded.so")  # what importing vLLM sets
+    before = descendants()
     ex = sandbox_executor(LIMITS, timeout_s=20, pool=mode)  # started with the secret in the environment
     try:
         r = run(ex, ALL_ENVIRONS)
@@ -204,7 +212,12 @@ def test_host_environment_reaches_no_process_inside(monkeypatch, mode):
         r = run(ex, shell="echo ok; cat /proc/1/environ | tr '\\0' '\\n'")
         assert r.error is None and "ok" in r.content and "sk-turnrl" not in r.content
         assert "stderr" not in r.content if mode == "off" else "Permission denied" in r.content
-        for pid in descendants():  # every bwrap and sandbox process, read from the host
+        # every bwrap process this test's executor started and everything under it, read from the host
+        # (not other children of the test process: a multiprocessing helper left by an earlier test
+        # carries the host's environment, as host processes do)
+        bwraps = [pid for pid in descendants() - before if _comm(pid) == "bwrap"]
+        assert bwraps or mode == "off"  # warm sandboxes stay up between calls
+        for pid in {p for b in bwraps for p in descendants(b) | {b}}:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
