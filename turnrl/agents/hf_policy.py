@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from turnrl.agents.chat_format import turn_end_ids
+from turnrl.agents.fast_decode import DecodeStep
 from turnrl.agents.gqa_attention import gqa_attention
 from turnrl.agents.kv_buffer import BufferLayer, buffer_cache, plain_attention
 from turnrl.agents.prefix_cache import CachedPrefix, PrefixCache
@@ -57,11 +58,16 @@ class TransformersPolicy:
             for the call (``turnrl.agents.kv_buffer``) instead of concatenating them onto the
             history per token (transformers' ``DynamicCache``); used only where every layer is
             plain attention. The figures are the same either way.
+        fast_decode: with ``kv_buffer`` on a Qwen2, Qwen3 or Llama decoder, run each decoded
+            token through ``turnrl.agents.fast_decode.DecodeStep`` (the model's weights and
+            operations in plain torch calls, without the per-call Python of its forward); its
+            logits equal the forward's to float rounding. Other models use their forward.
     """
 
     token_exact = True
 
-    def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True, kv_buffer: bool = True):
+    def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True, kv_buffer: bool = True,
+                 fast_decode: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -76,6 +82,7 @@ class TransformersPolicy:
         config = getattr(unwrap_model(model), "config", None)
         plain = kv_buffer and config is not None and plain_attention(config)
         self._buffer_layers = config.num_hidden_layers if plain else 0
+        self._fast_decode = fast_decode and plain
 
     @classmethod
     def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0, prefix_cache: bool = True) -> TransformersPolicy:
@@ -191,6 +198,7 @@ class TransformersPolicy:
         live = list(range(batch))  # rows still sampling (the same as ~finished, on the host)
         stops = set(self.stop_ids)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        decode = DecodeStep.for_model(unwrap_model(self.model)) if self._fast_decode else None
         for _ in range(params.max_new_tokens):
             if params.greedy:
                 logp = torch.log_softmax(logits, dim=-1)
@@ -211,14 +219,17 @@ class TransformersPolicy:
                 break
             tokens = tokens.masked_fill(finished, self.pad_id)
             attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attention,
-                position_ids=next_position[:, None],
-                past_key_values=past,
-                use_cache=True,
-            )
-            past, logits = out.past_key_values, out.logits[:, -1, :].float()
+            if decode is not None:
+                logits = decode(tokens, next_position, attention, past)
+            else:
+                out = self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=attention,
+                    position_ids=next_position[:, None],
+                    past_key_values=past,
+                    use_cache=True,
+                )
+                past, logits = out.past_key_values, out.logits[:, -1, :].float()
             next_position = next_position + 1
         self._keep(prompts, sampled, attention, past)
         self.model.train(was_training)

@@ -1,0 +1,102 @@
+"""``turnrl.agents.fast_decode.DecodeStep``: a decoded token through plain torch calls gives the
+model's own forward's logits and keys/values, on each architecture it takes; everything else
+is refused (the policy then uses the forward)."""
+
+import pytest
+import torch
+from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.agents.fast_decode import DecodeStep
+from turnrl.agents.gqa_attention import gqa_attention
+from turnrl.agents.kv_buffer import buffer_cache
+from turnrl.envs import GuessNumberEnv
+from turnrl.rollout import RolloutCollector, Task
+
+SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+             intermediate_size=48, vocab_size=61, attn_implementation="sdpa")
+
+
+def _random_model(cls, config, seed=0):
+    """A model whose every weight (norms and biases included) is random, so a skipped or
+    misplaced operation changes the logits."""
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return model
+
+
+ARCHS = {
+    "qwen2": lambda: _random_model(Qwen2ForCausalLM, Qwen2Config(**SIZES)),
+    "qwen3": lambda: _random_model(Qwen3ForCausalLM, Qwen3Config(**SIZES, head_dim=8)),
+    "llama": lambda: _random_model(LlamaForCausalLM, LlamaConfig(**SIZES, attention_bias=True, mlp_bias=True)),
+    "llama_mha": lambda: _random_model(LlamaForCausalLM, LlamaConfig(**{**SIZES, "num_key_value_heads": 4})),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch):
+    model = ARCHS[arch]()
+    step = DecodeStep.for_model(model)
+    assert step is not None
+    ids = torch.randint(1, 61, (3, 7))
+    attention = torch.ones(3, 7, dtype=torch.long)
+    attention[0, :3] = 0  # left padding, as the policy batches prompts
+    attention[2, :5] = 0
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    caches = [buffer_cache(2, 16), buffer_cache(2, 16)]
+    with torch.no_grad(), gqa_attention(model):
+        for cache in caches:
+            model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True)
+        next_position = positions[:, -1] + 1
+        for turn in range(5):
+            tokens = torch.randint(1, 61, (3,))
+            alive = torch.tensor([1, int(turn < 2), 1])  # row 1 finished: its new slots are padding
+            attention = torch.cat([attention, alive[:, None]], dim=1)
+            got = step(tokens, next_position, attention, caches[0])
+            expected = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_position[:, None],
+                             past_key_values=caches[1], use_cache=True).logits[:, -1].float()
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+            assert got.shape == (3, 61) and got.dtype == torch.float32
+            next_position = next_position + 1
+    for mine, theirs in zip(caches[0].layers, caches[1].layers):
+        assert mine.keys.shape == theirs.keys.shape == (3, model.config.num_key_value_heads, 12, 8)
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=0, atol=1e-5)
+
+
+def test_models_it_does_not_reproduce_exactly_are_refused():
+    assert DecodeStep.for_model(_random_model(GemmaForCausalLM, GemmaConfig(**SIZES, head_dim=8))) is None
+    eager = ARCHS["qwen2"]()
+    eager.config._attn_implementation = "eager"
+    assert DecodeStep.for_model(eager) is None
+    hooked = ARCHS["qwen2"]()
+    handle = hooked.model.layers[1].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    assert DecodeStep.for_model(hooked) is None  # the hook would not run
+    handle.remove()
+    assert DecodeStep.for_model(hooked) is not None
+    sliding = _random_model(Qwen2ForCausalLM, Qwen2Config(**SIZES, use_sliding_window=True, sliding_window=4,
+                                                          max_window_layers=0))
+    assert DecodeStep.for_model(sliding) is None
+    peft = pytest.importorskip("peft", reason="peft is a dev dependency")
+    lora = peft.get_peft_model(ARCHS["qwen2"](), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert DecodeStep.for_model(lora.base_model.model) is None  # LoRA layers are not nn.Linear
+
+
+def test_the_policy_samples_the_same_episodes_with_and_without_it(tokenizer, renderer):
+    """Multi-turn episodes (prefix cache and buffers on) on a random Qwen2 for this tokenizer:
+    the same tokens and logprobs as through the model's forward."""
+    config = Qwen2Config(**{**SIZES, "vocab_size": len(tokenizer)})
+    model = _random_model(Qwen2ForCausalLM, config, seed=1)
+    runs = {}
+    for fast in (True, False):
+        policy = TransformersPolicy(model, tokenizer, seed=3, fast_decode=fast)
+        collector = RolloutCollector(lambda: GuessNumberEnv(max_turns=3), policy, renderer, max_context_tokens=2048)
+        runs[fast] = collector.collect([Task(0), Task(1)], 2, SamplingParams(max_new_tokens=6))
+    assert sum(t.num_turns for t in runs[True]) >= 4
+    for a, b in zip(runs[True], runs[False]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
