@@ -35,12 +35,15 @@ def updated(model, batch, advantages, **cfg):
 
 @pytest.fixture(scope="module")
 def updates(tiny_model, rl_batch):
-    """Fresh copies of the tiny model, each after one update with the given micro-batch size."""
+    """Fresh copies of the tiny model, each after one update with the given micro-batch size
+    (rows), or with 64 rows and a token budget ("tokens N")."""
     batch, advantages = rl_batch
     out = {}
-    for micro in (2, 64):
+    lengths = sorted(batch.attention_mask.sum(-1).tolist(), reverse=True)
+    for micro in (2, 64, "tokens 1", "tokens mid"):
         model = copy.deepcopy(tiny_model)
-        _, metrics = updated(model, batch, advantages, micro_batch_size=micro)
+        rows, tokens = (micro, None) if isinstance(micro, int) else (64, 1 if micro == "tokens 1" else 2 * lengths[1])
+        _, metrics = updated(model, batch, advantages, micro_batch_size=rows, micro_batch_tokens=tokens)
         out[micro] = (model, metrics)
     return out
 
@@ -59,8 +62,11 @@ def test_one_update_changes_every_trainable_parameter(tiny_model, updates):
     assert metrics["clip_frac"] == 0.0  # a single pass starts at ratio 1
 
 
-def test_micro_batch_size_does_not_change_the_update(updates):
-    (small, m_small), (large, m_large) = updates[2], updates[64]
+@pytest.mark.parametrize("micro", [2, "tokens 1", "tokens mid"])
+def test_micro_batch_size_does_not_change_the_update(updates, micro):
+    """Rows split 2 at a time, each row alone (a token budget below every row), or sorted by
+    length and packed into budgets: the same update as one micro-batch of every row."""
+    (small, m_small), (large, m_large) = updates[micro], updates[64]
     for (name, p), q in zip(small.named_parameters(), large.parameters()):
         assert (p - q).abs().max() <= 1e-5, name
     for key in ("pg_loss", "entropy", "ratio", "grad_norm"):

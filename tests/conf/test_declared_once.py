@@ -164,7 +164,7 @@ OVERRIDES = [  # one override per declared setting: each reaches the dataclass i
     ("algorithm", "cispo_clip_low", "0.5", 0.5), ("algorithm", "cispo_clip_high", "2.0", 2.0),
     ("trainer", "lr", "1e-3", 1e-3), ("trainer", "weight_decay", "0.05", 0.05),
     ("trainer", "max_grad_norm", "0.5", 0.5), ("trainer", "skip_zero_grad", "false", False),
-    ("trainer", "micro_batch_size", "8", 8),
+    ("trainer", "micro_batch_size", "8", 8), ("trainer", "micro_batch_tokens", "null", None),
     ("trainer", "mixed_precision", "bf16", "bf16"), ("trainer", "gradient_checkpointing", "true", True),
     ("trainer", "lora_rank", "8", 8), ("trainer", "lora_alpha", "32", 32.0),
     ("trainer", "lora_target_modules", "[q_proj,v_proj]", ["q_proj", "v_proj"]),

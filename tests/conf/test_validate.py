@@ -96,6 +96,7 @@ def test_advantage_kwargs_the_estimator_does_not_take_fail_in_validate_and_in_ad
     ({"algorithm__num_minibatches": 0}, "algorithm.num_minibatches=0 must be >= 1"),
     ({"algorithm__critic_epochs": 0}, "algorithm.critic_epochs=0 must be >= 1"),
     ({"trainer__micro_batch_size": 0}, "trainer.micro_batch_size=0 must be >= 1"),
+    ({"trainer__micro_batch_tokens": 0}, "trainer.micro_batch_tokens=0 must be >= 1"),
     ({"trainer__lora_rank": -1}, "trainer.lora_rank=-1 must be >= 0"),
     ({"algorithm__kl_coef": -0.1}, "algorithm.kl_coef=-0.1 must be >= 0"),
     ({"algorithm__tis_cap": 0.0}, "algorithm.tis_cap=0.0 must be > 0"),

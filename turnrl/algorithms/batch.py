@@ -60,6 +60,30 @@ class TrainBatch:
         """The sub-batch of the given rows (for micro-batching)."""
         return TrainBatch(**{k: None if v is None else v[index] for k, v in vars(self).items()})
 
+    def micro_batches(self, rows: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[torch.Tensor]:
+        """``rows`` (indices into this batch) split into micro-batches of rows of similar length.
+
+        The rows are sorted longest first and taken in that order while a micro-batch holds at
+        most ``max_rows`` rows and, with ``max_tokens``, at most that many padded tokens (its
+        rows times its longest row: what a forward over it computes, since the learner cuts
+        each micro-batch to its longest row); a row longer than ``max_tokens`` goes alone. So a
+        batch of ragged episodes pads each micro-batch to its own longest row, not every row to
+        the batch's longest, and the forward's memory is bounded by ``max_tokens`` whatever the
+        batch size. Returns index tensors on ``rows``' device, together holding every row once.
+        """
+        if not len(rows):
+            return []
+        lengths = self.attention_mask[rows].sum(-1)
+        order = rows[torch.sort(lengths.cpu(), descending=True, stable=True).indices.to(rows.device)]
+        sizes, width = [], 0
+        for length in lengths.sort(descending=True, stable=True).values.tolist():
+            if sizes and sizes[-1] < max_rows and (max_tokens is None or (sizes[-1] + 1) * width <= max_tokens):
+                sizes[-1] += 1
+            else:
+                sizes.append(1)
+                width = length
+        return list(order.split(sizes))
+
 
 def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:
     """Stack trajectories into a ``TrainBatch`` (right padding).

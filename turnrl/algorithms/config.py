@@ -15,6 +15,7 @@ learner's constructor, for direct callers).
 
 from __future__ import annotations
 
+from typing import Optional
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -93,6 +94,11 @@ class OptimConfig:
     skip_zero_grad: bool = True
     # rows per forward/backward pass (gradient accumulation inside a minibatch)
     micro_batch_size: int = 64
+    # padded tokens per forward/backward pass (its rows x its longest row): rows sorted by length
+    # fill each micro-batch up to this and micro_batch_size, so ragged episodes are padded to
+    # their micro-batch's longest row and the learner's memory is bounded by this whatever the
+    # batch size (a longer row goes alone); null: micro_batch_size rows, whatever their lengths
+    micro_batch_tokens: Optional[int] = 16384
     # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32
     mixed_precision: str = "no"
     # recompute activations in the backward pass (less memory, more compute)

@@ -89,7 +89,8 @@ class CriticLearner:
         self.critic.eval()
         device = next(self.critic.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
+        for micro in batch.micro_batches(torch.arange(len(batch)), self.optim_cfg.micro_batch_size,
+                                         self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro).to(device)
             out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask, mb.segment_index).to(out.device) * batch.loss_mask[micro]
         return out
@@ -104,7 +105,8 @@ class CriticLearner:
         total = batch.loss_mask.sum().clamp(min=1.0)
         for _ in range(loss_cfg.critic_epochs):
             loss_sum, clipped = 0.0, 0.0
-            for micro in torch.arange(len(batch), device=device).split(optim_cfg.micro_batch_size):
+            for micro in batch.micro_batches(torch.arange(len(batch), device=device), optim_cfg.micro_batch_size,
+                                             optim_cfg.micro_batch_tokens):
                 mb = batch.rows(micro)
                 mask = mb.loss_mask
                 v = self.critic(mb.input_ids, mb.attention_mask, mask, mb.segment_index)

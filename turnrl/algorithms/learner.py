@@ -212,7 +212,7 @@ class Learner:
                 weights = torch.zeros_like(batch.loss_mask)
                 weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
                 value_weights = batch.loss_mask / reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
-                micros = list(rows.split(self.optim_cfg.micro_batch_size)) if len(rows) else []
+                micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
                 if not micros:  # an empty local minibatch: a zero-weight row still joins the all-reduce
                     micros = [torch.zeros(1, dtype=torch.long, device=device)]
                     weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
@@ -279,7 +279,8 @@ class Learner:
             raise RuntimeError("this learner has no shared value head")
         device = next(self.model.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in torch.arange(len(batch)).split(self.optim_cfg.micro_batch_size):
+        for micro in batch.micro_batches(torch.arange(len(batch)), self.optim_cfg.micro_batch_size,
+                                         self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro).to(device)
             with self._autocast(device):
                 _, _, v = self.forward_module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=False,
@@ -296,7 +297,7 @@ class Learner:
         dtype = torch.promote_types(batch.loss_mask.dtype, next(model.parameters()).dtype)
         out = torch.zeros_like(batch.loss_mask, dtype=dtype)
         rows = torch.arange(len(batch), device=batch.loss_mask.device)
-        for micro in rows.split(self.optim_cfg.micro_batch_size):
+        for micro in batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):
                 lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature,

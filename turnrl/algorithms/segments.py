@@ -41,7 +41,7 @@ def forward_segments(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
         segment; 0 on padding when the rows are segmented (``forward``'s own output otherwise).
     """
     if segments is None or not bool((segments[attention_mask.bool()] > 0).any()):
-        return forward(input_ids, attention_mask)
+        return causal_forward(forward, input_ids, attention_mask)
     rows, cols = attention_mask.bool().nonzero(as_tuple=True)
     key = rows * (int(segments.max()) + 1) + segments[rows, cols]
     _, packed_row = torch.unique(key, return_inverse=True)  # one packed row per (row, segment), in order
@@ -53,7 +53,33 @@ def forward_segments(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     mask = torch.zeros_like(ids)
     ids[packed_row, pos] = input_ids[rows, cols]
     mask[packed_row, pos] = 1
-    packed = forward(ids, mask)
+    packed = causal_forward(forward, ids, mask)
     out = packed.new_zeros((*input_ids.shape, *packed.shape[2:]))
     out[rows, cols] = packed[packed_row, pos]
     return out
+
+
+def causal_forward(forward: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> torch.Tensor:
+    """``forward(ids, mask)`` on right-padded rows, run as plain causal attention: the columns
+    after the longest row are cut off and the padding mask is left out (``mask=None``).
+
+    With right padding a real token's causal context holds real tokens only, so its output is the
+    same with or without the mask (to float rounding); only outputs at padding change, and those
+    are zero here. Without a mask, transformers' SDPA attention runs ``is_causal`` (on CPU the
+    flash kernel instead of the math one with a materialised ``[N, heads, T, T]`` mask): on
+    64 FrozenLake episodes of ~670 tokens padded to 1,064, one learner update went from 11.7 s
+    to 4.6 s. Rows that are not right-padded (a 0 before a 1) keep the mask and the width.
+
+    Returns:
+        ``[N, T, ...]``: ``forward``'s output at each real token, 0 on cut-off columns.
+    """
+    lengths = attention_mask.sum(-1)
+    width = int(lengths.max()) if len(lengths) else 0
+    right_padded = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None] < lengths[:, None]
+    if not width or not bool((attention_mask.bool() == right_padded).all()):
+        return forward(input_ids, attention_mask)
+    out = forward(input_ids[:, :width], None)
+    if width == input_ids.shape[1]:
+        return out
+    return torch.cat([out, out.new_zeros((out.shape[0], input_ids.shape[1] - width, *out.shape[2:]))], dim=1)

@@ -99,7 +99,8 @@ def problems(cfg: Config) -> list[str]:
         *((f"algorithm.{name}", getattr(algo, name), 0)
           for name in ("gspo_clip_low", "gspo_clip_high", "cispo_clip_low", "cispo_clip_high")),
         *((key, value, 1) for key, value in (("agent.max_observation_tokens", agent.max_observation_tokens),
-                                             ("agent.max_episode_tokens", agent.max_episode_tokens)) if value is not None),
+                                             ("agent.max_episode_tokens", agent.max_episode_tokens),
+                                             ("trainer.micro_batch_tokens", trainer.micro_batch_tokens)) if value is not None),
     ]
     for key, value, low in at_least:
         if value < low:
