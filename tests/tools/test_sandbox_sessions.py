@@ -10,6 +10,7 @@ import pytest
 from turnrl.envs.base import MultiTurnEnv, TurnOutcome
 from turnrl.tools import Program, ToolCall, run_python, run_shell, run_sync, tool
 from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable, get_executor
+from turnrl.tools.executors.sandbox import HEADER_DIGITS, complete_pack
 
 from tests.helpers import BWRAP_INSTALL, missing_tool
 
@@ -71,6 +72,26 @@ def test_exit_codes_stdin_and_extra_files(sandbox):
     assert r.exit_code == 127 and "cannot run 'no-such-binary'" in r.stderr
     r = run_sync(sandbox.arun(run_shell, ToolCall("run_shell", {"command": "echo $((6*7)); yes | head -2"}), "s"))
     assert r.content == "Exit code: 0\nstdout:\n42\ny\ny"
+
+
+def test_a_call_whose_files_cannot_be_written_keeps_the_sessions_files(sandbox):
+    """The launcher stops before the program runs (a program file where the session has a
+    directory): the call fails saying why, and the session's files are those it had."""
+    session = uuid.uuid4().hex
+    py(sandbox, "import os\nos.mkdir('d')\nopen('keep.txt', 'w').write('hi')", session)
+    r = run_sync(sandbox.run(Program(("python3", "-c", "print(1)"), {"d": "x"}), session))
+    assert r.exit_code == 1 and "cannot write the program's files" in r.stderr and "Is a directory" in r.stderr
+    assert py(sandbox, "print(open('keep.txt').read())", session).content.endswith("stdout:\nhi")
+    sandbox.close_session(session)
+
+
+def test_only_a_whole_cold_pack_is_saved():
+    record = b"%016d" % 5 + b"abcde"
+    end = b"0" * HEADER_DIGITS
+    assert complete_pack(record + record + end) == record + record
+    assert complete_pack(end) == b""  # no files
+    for cut in (b"", record, record + end[:-1], record[:-2] + end, (record + end)[:9], b"x" * 16 + end):
+        assert complete_pack(cut) is None, cut
 
 
 def test_missing_bwrap_is_a_clear_error():

@@ -139,14 +139,17 @@ for path, mode in reversed(dirs):
         os.chmod(path, mode)
     except OSError:
         pass
-for rel, text in spec["files"].items():
-    parent = os.path.dirname(rel)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    if os.path.islink(rel):
-        os.unlink(rel)
-    with open(rel, "w", encoding="utf-8") as f:
-        f.write(text)
+try:
+    for rel, text in spec["files"].items():
+        parent = os.path.dirname(rel)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        if os.path.islink(rel):
+            os.unlink(rel)
+        with open(rel, "w", encoding="utf-8") as f:
+            f.write(text)
+except OSError as e:  # nothing is packed back: the session keeps the files it had
+    sys.exit("turnrl sandbox: cannot write the program's files: %%s" %% e)
 argv = spec["argv"]
 pid = os.fork()
 if pid == 0:
@@ -194,6 +197,7 @@ try:
                             record(path, "f", stat.S_IMODE(st.st_mode), f.read())
             except OSError:
                 pass
+    os.write(out, b"0" * H)  # the end: a pack without it (the walk cut short) is not saved
     os.close(out)
 except OSError:
     pass
@@ -594,6 +598,7 @@ class SandboxExecutor(Executor):
                 cgroup.remove()
         duration = time.monotonic() - start
         packed = new_state.result() if new_state.done() and not new_state.cancelled() else None
+        packed = None if packed is None else complete_pack(packed)
         if packed is not None and not killed and proc.returncode is not None:
             with self._lock:
                 if self._sessions.get(session) == state_file:  # still open
@@ -623,6 +628,20 @@ class SandboxExecutor(Executor):
         }
         header = marshal.dumps(spec, 4) if warm else json.dumps(spec).encode()
         return str(len(header)).zfill(HEADER_DIGITS).encode() + header + state
+
+
+def complete_pack(packed: bytes) -> bytes | None:
+    """The records of a cold launcher's pack without its end marker (a zero-length record), or
+    None when the marker is not where the records end: the launcher stopped before packing
+    (e.g. the program's files could not be written) or during it, and saving what came would
+    lose the session's files. Only the length headers are read."""
+    at, end = 0, len(packed) - HEADER_DIGITS
+    while at < end:
+        size = packed[at:at + HEADER_DIGITS]
+        if not size.isdigit():
+            return None
+        at += HEADER_DIGITS + int(size)
+    return packed[:end] if at == end and packed[end:] == b"0" * HEADER_DIGITS else None
 
 
 async def _start_warm(tools: _Bwrap, identity: _Identity, cgroups: MemoryCgroups | None, memory_bytes: int,
