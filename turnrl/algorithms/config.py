@@ -98,7 +98,7 @@ class OptimConfig:
     # fill each micro-batch up to this and micro_batch_size, so ragged episodes are padded to
     # their micro-batch's longest row and the learner's memory is bounded by this whatever the
     # batch size (a longer row goes alone); null: micro_batch_size rows, whatever their lengths
-    micro_batch_tokens: Optional[int] = 16384
+    micro_batch_tokens: Optional[int] = 8192
     # "bf16": the learner's forward passes under bf16 autocast (fp32 weights); "no": fp32
     mixed_precision: str = "no"
     # recompute activations in the backward pass (less memory, more compute)
