@@ -334,8 +334,8 @@ def test_hydra_long_horizon_config_builds_long_episodes():
     register_configs()
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=frozen_lake_long"]))
-    assert cfg.trainer.tasks_per_step == 4 and cfg.agent.warmstart.player == "expert"
+    assert cfg.agent.warmstart.player == "weak" and cfg.agent.warmstart.steps == 500
     env = env_factory(cfg)().unwrapped
-    assert env.size == 6 and env.min_path == 8 and env.max_turns == 16 and env.view == "local"
+    assert (env.size, env.min_path, env.max_turns, env.view, env.weak_skill) == (7, 9, 18, "toward", 0.55)
     obs, info = env.reset(seed=0)
-    assert obs[1]["content"].startswith("Goal: ") and len(shortest_path(env._task, env.position)) >= 8
+    assert obs[1]["content"].startswith("Goal: ") and len(shortest_path(env._task, env.position)) >= 9
