@@ -68,6 +68,7 @@ def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch):
         torch.testing.assert_close(mine.values, theirs.values, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # importing peft takes most of half a second
 def test_models_it_does_not_reproduce_exactly_are_refused():
     assert DecodeStep.for_model(_random_model(GemmaForCausalLM, GemmaConfig(**SIZES, head_dim=8))) is None
     eager = ARCHS["qwen2"]()
