@@ -73,16 +73,15 @@ class TrainBatch:
         """
         if not len(rows):
             return []
-        lengths = self.attention_mask[rows].sum(-1)
-        order = rows[torch.sort(lengths.cpu(), descending=True, stable=True).indices.to(rows.device)]
+        lengths, index = torch.sort(self.attention_mask[rows].sum(-1), descending=True, stable=True)
         sizes, width = [], 0
-        for length in lengths.sort(descending=True, stable=True).values.tolist():
+        for length in lengths.tolist():
             if sizes and sizes[-1] < max_rows and (max_tokens is None or (sizes[-1] + 1) * width <= max_tokens):
                 sizes[-1] += 1
             else:
                 sizes.append(1)
                 width = length
-        return list(order.split(sizes))
+        return list(rows[index.to(rows.device)].split(sizes))
 
 
 def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:
