@@ -176,6 +176,7 @@ def test_the_cli_subcommand_runs_the_chosen_part_of_the_suite(tmp_path, monkeypa
 def test_an_interrupted_run_is_not_recorded_and_the_command_exits_130(tmp_path, monkeypatch, capsys):
     # train() returns, rather than raises, on Ctrl-C: a run that stopped short of trainer.steps
     monkeypatch.setattr(bench_suite, "train_cell", lambda cfg, run_dir, label, env: RECORDS[0])
+    monkeypatch.setattr(bench_suite, "fill_warm_start_cache", lambda cfg, progress: None)  # not this test's subject
     path = _write(tmp_path, _suite())
     code = cli_main(["bench", "--suite", str(path), "--out", str(tmp_path / "out"), "--no-progress", "--",
                      "trainer.steps=5"])

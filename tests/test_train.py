@@ -120,6 +120,11 @@ def test_a_cached_warm_start_gives_the_run_a_fresh_warm_start_gives(tmp_path, ca
         == cache_key(first_cfg)
     shared = OmegaConf.to_object(OmegaConf.merge(first_cfg, {"agent": {"warmstart": {"seed": 0}}}))
     assert cache_key(OmegaConf.to_object(OmegaConf.merge(shared, {"seed": 1}))) == cache_key(shared)
+    # the seed counts as resolved: run seed 0 with no warm start seed is warm start seed 0's model
+    assert first_cfg.seed == 0 and first_cfg.agent.warmstart.seed is None
+    assert cache_key(shared) == cache_key(first_cfg)
+    assert cache_key(OmegaConf.to_object(OmegaConf.merge(first_cfg, {"agent": {"warmstart": {"seed": 1}}}))) \
+        != cache_key(first_cfg)
 
 
 def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):

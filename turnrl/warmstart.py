@@ -79,9 +79,12 @@ episodes) does not read: runs that differ only in them share a warm start."""
 def cache_key(cfg) -> str:
     """A hash of everything the warm-started model depends on: the env section of ``cfg``, its
     agent section but ``SAMPLING_FIELDS`` and ``agent.warmstart.cache`` itself, the warm
-    start's seed and ``CACHE_VERSION``. 16 hex digits."""
+    start's seed (as ``warmstart_seed`` resolves it: ``seed=0`` with a null
+    ``agent.warmstart.seed`` shares ``agent.warmstart.seed=0``'s entry) and ``CACHE_VERSION``.
+    16 hex digits."""
     agent = {k: v for k, v in dataclasses.asdict(cfg.agent).items() if k not in SAMPLING_FIELDS}
     agent["warmstart"].pop("cache", None)
+    agent["warmstart"]["seed"] = warmstart_seed(cfg)
     payload = {"version": CACHE_VERSION, "env": dataclasses.asdict(cfg.env), "agent": agent,
                "seed": warmstart_seed(cfg)}
     text = json.dumps(payload, sort_keys=True, default=str)

@@ -80,3 +80,25 @@ def test_a_weight_change_drops_the_cache(policy_model, tokenizer, renderer):
     assert policy.cache.hits == 0  # the old weights' keys and values were not used
     fresh = TransformersPolicy(model, tokenizer, seed=0, prefix_cache=False)
     assert again.token_ids == fresh.generate([follow_up], SamplingParams(max_new_tokens=4, greedy=True))[0].token_ids
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_prompt_several_rows_share_runs_once_and_samples_what_separate_prefills_do(policy_model, tokenizer,
+                                                                                       renderer, greedy):
+    params = SamplingParams(max_new_tokens=6, greedy=greedy, temperature=1.0)
+    p = renderer.encode("Guess a number between 1 and 10.")
+    q = renderer.encode("Guess a number between 1 and 100, please.")
+    prompts = [p, q, p, p, q, p[:-2]]
+    shapes = []
+    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        shared = TransformersPolicy(policy_model, tokenizer, seed=5, prefix_cache=False).generate(prompts, params)
+    finally:
+        hook.remove()
+    # p and q once each (all but their last token), then every row's rest: 1 token, p[:-2] whole
+    assert shapes[0] == (2, len(q) - 1) and shapes[1] == (6, len(p) - 2)
+    separate = TransformersPolicy(policy_model, tokenizer, seed=5, prefix_cache=False, kv_buffer=False)
+    for a, b in zip(shared, separate.generate(prompts, params)):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5

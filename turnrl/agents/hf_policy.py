@@ -46,7 +46,8 @@ class TransformersPolicy:
     with a whole prefill to float rounding (the same sums in another order). Within a call, keys
     and values are written in place (``kv_buffer``), and a model on ``sdpa`` attention samples
     with grouped query heads passed to SDPA as they are (``turnrl.agents.gqa_attention``: no
-    per-head copy of the history per token).
+    per-head copy of the history per token). With ``kv_buffer``, a prompt that several rows of a
+    call share and none has cached (a task's ``G`` samples) is also run once for all of them.
 
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
@@ -184,7 +185,7 @@ class TransformersPolicy:
         was_training = self.model.training
         self.model.eval()
         batch = len(prompts)
-        hits = self._lookup(prompts)
+        hits = self._share_prompts(prompts, self._lookup(prompts))
         cached = [0 if h is None else len(h.ids) for h in hits]
         input_ids, attention, past = self._prefill_inputs(prompts, hits, cached, params.max_new_tokens)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, attention.shape[1] - input_ids.shape[1]:]
@@ -248,6 +249,31 @@ class TransformersPolicy:
             self.cache.clear()
             self._weights_version = version
         return [self.cache.lookup(p) for p in prompts]
+
+    def _share_prompts(self, prompts: list[list[int]], hits: list[CachedPrefix | None]) -> list[CachedPrefix | None]:
+        """``hits`` with each prompt that several rows of this call share and none has cached
+        (the ``G`` samples of a task) run once: the keys and values of all its tokens but the last
+        (which each row runs, to draw its first token from), made the prefix of those rows. On a
+        plain-attention model (``kv_buffer``); the logits are the unshared prefill's to float
+        rounding. On a GRPO group the first turn's prefill then costs one prompt, not ``G``."""
+        if not self._buffer_layers:
+            return hits
+        counts: dict[tuple[int, ...], int] = {}
+        for prompt, hit in zip(prompts, hits):
+            if hit is None and len(prompt) > 1:
+                counts[tuple(prompt)] = counts.get(tuple(prompt), 0) + 1
+        shared = [ids for ids, n in counts.items() if n > 1]
+        if not shared:
+            return hits
+        width = max(len(ids) for ids in shared) - 1
+        input_ids = torch.full((len(shared), width), self.pad_id, dtype=torch.long, device=self.device)
+        for row, ids in enumerate(shared):  # right-padded: a real token's causal context holds real tokens only
+            input_ids[row, :len(ids) - 1] = torch.tensor(ids[:-1], dtype=torch.long)
+        layers = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1).past_key_values.layers
+        prefixes = {ids: CachedPrefix(ids[:-1], [(layer.keys[row, :, :len(ids) - 1],
+                                                  layer.values[row, :, :len(ids) - 1]) for layer in layers])
+                    for row, ids in enumerate(shared)}
+        return [hit if hit is not None else prefixes.get(tuple(prompt)) for prompt, hit in zip(prompts, hits)]
 
     def _prefill_inputs(self, prompts: list[list[int]], hits: list[CachedPrefix | None], cached: list[int],
                         max_new_tokens: int):

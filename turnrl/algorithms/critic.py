@@ -10,7 +10,7 @@ import torch
 
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.algorithms.segments import forward_segments
+from turnrl.algorithms.shared_prompt import decoder_hidden
 
 # algorithm.critic: a separate critic model (CriticLearner), or a value head on the policy's
 # backbone (shared, trained by the Learner)
@@ -54,8 +54,7 @@ class Critic(torch.nn.Module):
                 segments: torch.Tensor | None = None) -> torch.Tensor:
         """``[N, T]`` values on the ``score_mask`` positions (column 0 and segment starts excluded),
         0 elsewhere; ``segments`` as in ``turnrl.algorithms.segments.forward_segments``."""
-        hidden = forward_segments(lambda ids, mask: self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state,
-                                  input_ids, attention_mask, segments)
+        hidden = decoder_hidden(self.backbone, input_ids, attention_mask, score_mask, segments)
         target = score_mask.bool().clone()
         target[:, 0] = False
         if segments is not None:

@@ -48,8 +48,9 @@ class RewardModel(torch.nn.Module):
                 segments: torch.Tensor | None = None) -> torch.Tensor:
         """``[N]`` rewards of right-padded sequences, read at each row's last token (for a
         segmented row, in its last segment: the latest full render of the conversation)."""
-        hidden = forward_segments(lambda ids, mask: self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state,
-                                  input_ids, attention_mask, segments)
+        hidden = forward_segments(
+            lambda ids, mask: self.backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state,
+            input_ids, attention_mask, segments)
         last = attention_mask.sum(dim=1).clamp(min=1) - 1
         return self.head(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from turnrl.algorithms.segments import forward_segments
+from turnrl.algorithms.shared_prompt import decoder_hidden
 
 
 def _hidden_and_head(model):
@@ -33,6 +34,7 @@ def token_logprobs(
     score_mask: torch.Tensor | None = None,
     return_hidden: bool = False,
     segments: torch.Tensor | None = None,
+    share_prompts: bool = True,
 ):
     """Logprob of every token given the tokens before it.
 
@@ -46,9 +48,10 @@ def token_logprobs(
         score_mask: ``[N, T]``; when given, only tokens where it is nonzero are scored (the
             LM head and softmax run on those positions alone: in multi-turn episodes most
             tokens are observations), and every other entry of the outputs is 0.
-
         segments: ``[N, T]`` segment of each token (``TrainBatch.segment_index``): each segment
             is scored as its own sequence (``turnrl.algorithms.segments``); None: one per row.
+        share_prompts: run a prompt that several rows share once
+            (``turnrl.algorithms.shared_prompt``; unsegmented rows, with ``score_mask``).
         return_hidden: also return ``(hidden [M, H], rows [M], cols [M])``: the decoder's
             hidden state that predicts each scored token (position ``col - 1``), with
             gradient, for a value head sharing the policy's forward. Needs ``score_mask``
@@ -70,7 +73,7 @@ def token_logprobs(
         raise ValueError("return_hidden needs score_mask and a model with a separate decoder and LM head "
                          "(a shared value head reads the decoder's hidden states)")
     if parts is None:
-        logits = forward_segments(lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits,
+        logits = forward_segments(lambda ids, mask: model(input_ids=ids, attention_mask=mask, use_cache=False).logits,
                                   input_ids, attention_mask, segments)
         logits = _at_least_float32(logits[:, :-1])
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
@@ -86,8 +89,7 @@ def token_logprobs(
         return out, entropy
 
     decoder, head = parts
-    hidden = forward_segments(lambda ids, mask: decoder(input_ids=ids, attention_mask=mask).last_hidden_state,
-                              input_ids, attention_mask, segments)
+    hidden = decoder_hidden(decoder, input_ids, attention_mask, score_mask, segments, share_prompts)
     target = score_mask.clone().bool()
     target[:, 0] = False  # the first token has no context
     rows, cols = target.nonzero(as_tuple=True)
