@@ -102,3 +102,35 @@ def test_a_prompt_several_rows_share_runs_once_and_samples_what_separate_prefill
     for a, b in zip(shared, separate.generate(prompts, params)):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_row_far_longer_than_the_others_runs_its_extra_tokens_apart(policy_model, tokenizer, renderer, greedy):
+    params = SamplingParams(max_new_tokens=5, greedy=greedy, temperature=1.0)
+    short = [renderer.encode(f"Guess a number between 1 and {n}.") for n in (7, 12, 30, 99, 5)]
+    long = renderer.encode(" ".join(f"Too low, {n}." for n in range(40)))
+    prompts = [*short[:3], long, *short[3:]]
+    width = max(len(p) for p in short)
+    assert len(long) - width > 64  # the other 5 rows would pad to it: > 256 columns
+    shapes = []
+    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        evened = TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False).generate(prompts, params)
+    finally:
+        hook.remove()
+    # the long row's first len(long) - width tokens alone, then every row's last `width` at most
+    assert shapes[0] == (1, len(long) - width) and shapes[1] == (6, width)
+    one_call = TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False, kv_buffer=False)
+    for a, b in zip(evened, one_call.generate(prompts, params)):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    # a few rows a little longer than the rest are left as they are (one call)
+    shapes.clear()
+    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False).generate(short, params)
+    finally:
+        hook.remove()
+    assert shapes[0] == (5, width)

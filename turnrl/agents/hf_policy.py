@@ -47,7 +47,9 @@ class TransformersPolicy:
     and values are written in place (``kv_buffer``), and a model on ``sdpa`` attention samples
     with grouped query heads passed to SDPA as they are (``turnrl.agents.gqa_attention``: no
     per-head copy of the history per token). With ``kv_buffer``, a prompt that several rows of a
-    call share and none has cached (a task's ``G`` samples) is also run once for all of them.
+    call share and none has cached (a task's ``G`` samples) is also run once for all of them, and
+    a row with far more new tokens than the others (a long observation) runs its extra tokens in
+    a call of its own instead of making every row's prefill as wide (``_even_out``).
 
     Args:
         model: a causal LM (its weights are the learner's: updates show up at once).
@@ -185,7 +187,7 @@ class TransformersPolicy:
         was_training = self.model.training
         self.model.eval()
         batch = len(prompts)
-        hits = self._share_prompts(prompts, self._lookup(prompts))
+        hits = self._even_out(prompts, self._share_prompts(prompts, self._lookup(prompts)))
         cached = [0 if h is None else len(h.ids) for h in hits]
         input_ids, attention, past = self._prefill_inputs(prompts, hits, cached, params.max_new_tokens)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, attention.shape[1] - input_ids.shape[1]:]
@@ -275,6 +277,42 @@ class TransformersPolicy:
                     for row, ids in enumerate(shared)}
         return [hit if hit is not None else prefixes.get(tuple(prompt)) for prompt, hit in zip(prompts, hits)]
 
+    def _even_out(self, prompts: list[list[int]], hits: list[CachedPrefix | None]) -> list[CachedPrefix | None]:
+        """``hits`` with the few rows whose uncached tokens far outnumber the others' (a long tool
+        result or error message among short ones) brought down to the others' width first: those
+        rows' extra tokens run in a call of their own and become their prefix. The call's prefill
+        is left-padded to its longest row, so without this one row's 160-token observation made
+        16 rows run 160 columns each. On a plain-attention model (``kv_buffer``); the logits are
+        the one-call prefill's to float rounding.
+
+        A row is long when its uncached tokens exceed twice the median's plus ``LONG_MARGIN``;
+        at most a quarter of the rows, and only when the columns saved on the other rows are at
+        least ``MIN_COLUMNS_SAVED`` tokens."""
+        if not self._buffer_layers or len(prompts) < 4:
+            return hits
+        rest = [len(p) - (0 if h is None else len(h.ids)) for p, h in zip(prompts, hits)]
+        median = sorted(rest)[len(rest) // 2]
+        long = [row for row, n in enumerate(rest) if n > 2 * median + LONG_MARGIN]
+        if not long or len(long) > len(prompts) // 4:
+            return hits
+        width = max(n for row, n in enumerate(rest) if row not in long)  # what the other rows need
+        if (max(rest) - width) * (len(prompts) - len(long)) < MIN_COLUMNS_SAVED:
+            return hits
+        fed = [prompts[row][:len(prompts[row]) - width] for row in long]
+        sub_hits = [hits[row] for row in long]
+        sub_cached = [0 if h is None else len(h.ids) for h in sub_hits]
+        input_ids, attention, past = self._prefill_inputs(fed, sub_hits, sub_cached, 0)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, attention.shape[1] - input_ids.shape[1]:]
+        past = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=past,
+                          use_cache=True, logits_to_keep=1).past_key_values
+        entries = _prefixes(fed, attention, past)
+        if entries is None:
+            return hits
+        hits = list(hits)
+        for row, entry in zip(long, entries):
+            hits[row] = entry
+        return hits
+
     def _prefill_inputs(self, prompts: list[list[int]], hits: list[CachedPrefix | None], cached: list[int],
                         max_new_tokens: int):
         """``(input_ids [B, S], attention [B, C + S], past or None)`` of the first forward: each
@@ -321,20 +359,35 @@ class TransformersPolicy:
         keys and values; on a model whose cache is not plain attention, turn the cache off."""
         if self.cache is None:
             return
-        layers = getattr(past, "layers", None)
-        if not layers or any(type(layer) not in (DynamicLayer, BufferLayer) for layer in layers):
-            self.cache = None  # a sliding-window, linear-attention or conv layer: not cut by position
+        entries = _prefixes([prompt + reply for prompt, reply in zip(prompts, sampled)], attention, past)
+        if entries is None:
+            self.cache = None
             return
-        kv = [(layer.keys, layer.values) for layer in layers]
-        if kv[0][0].shape[2] != attention.shape[1]:
-            self.cache = None  # a cache whose width is not the mask's: nothing to cut safely
-            return
-        entries = []
-        for row, (prompt, reply) in enumerate(zip(prompts, sampled)):
-            keep = attention[row].nonzero().flatten()
-            ids = tuple(prompt) + tuple(reply[:len(keep) - len(prompt)])
-            entries.append(CachedPrefix(ids, [(k[row][:, keep], v[row][:, keep]) for k, v in kv]))
         self.cache.store(entries)
+
+
+LONG_MARGIN = 8
+MIN_COLUMNS_SAVED = 256
+"""``TransformersPolicy._even_out``: a row is long when its uncached tokens exceed twice the
+median's plus ``LONG_MARGIN``; it runs them apart when that saves the other rows at least
+``MIN_COLUMNS_SAVED`` padded tokens (a call of its own costs ~1-2 ms of overhead on CPU)."""
+
+
+def _prefixes(fed: list[list[int]], attention: torch.Tensor, past) -> list[CachedPrefix] | None:
+    """Each row's fed ids (cut to the tokens its attention mask holds) with their keys and values
+    from ``past``, the padding left out; None when ``past`` is not plain attention whose width is
+    the mask's (a sliding-window, linear-attention or conv layer: not cut by position)."""
+    layers = getattr(past, "layers", None)
+    if not layers or any(type(layer) not in (DynamicLayer, BufferLayer) for layer in layers):
+        return None
+    kv = [(layer.keys, layer.values) for layer in layers]
+    if kv[0][0].shape[2] != attention.shape[1]:
+        return None
+    entries = []
+    for row, ids in enumerate(fed):
+        keep = attention[row].nonzero().flatten()
+        entries.append(CachedPrefix(tuple(ids[:len(keep)]), [(k[row][:, keep], v[row][:, keep]) for k, v in kv]))
+    return entries
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
