@@ -82,6 +82,25 @@ def test_a_weight_change_drops_the_cache(policy_model, tokenizer, renderer):
     assert again.token_ids == fresh.generate([follow_up], SamplingParams(max_new_tokens=4, greedy=True))[0].token_ids
 
 
+def generate_recording_calls(model, tokenizer, prompts, params, seed):
+    """Generations of a ``TransformersPolicy`` (no prefix cache) and the ``input_ids`` shape of
+    each model call it made (a hook turns ``DecodeStep`` off: decoded tokens are calls too)."""
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        return TransformersPolicy(model, tokenizer, seed=seed, prefix_cache=False).generate(prompts, params), shapes
+    finally:
+        hook.remove()
+
+
+def assert_same_as_one_prefill(generations, model, tokenizer, prompts, params, seed):
+    one_call = TransformersPolicy(model, tokenizer, seed=seed, prefix_cache=False, kv_buffer=False)
+    for a, b in zip(generations, one_call.generate(prompts, params)):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_a_prompt_several_rows_share_runs_once_and_samples_what_separate_prefills_do(policy_model, tokenizer,
                                                                                        renderer, greedy):
@@ -89,19 +108,10 @@ def test_a_prompt_several_rows_share_runs_once_and_samples_what_separate_prefill
     p = renderer.encode("Guess a number between 1 and 10.")
     q = renderer.encode("Guess a number between 1 and 100, please.")
     prompts = [p, q, p, p, q, p[:-2]]
-    shapes = []
-    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
-                                                  with_kwargs=True)
-    try:
-        shared = TransformersPolicy(policy_model, tokenizer, seed=5, prefix_cache=False).generate(prompts, params)
-    finally:
-        hook.remove()
+    shared, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=5)
     # p and q once each (all but their last token), then every row's rest: 1 token, p[:-2] whole
     assert shapes[0] == (2, len(q) - 1) and shapes[1] == (6, len(p) - 2)
-    separate = TransformersPolicy(policy_model, tokenizer, seed=5, prefix_cache=False, kv_buffer=False)
-    for a, b in zip(shared, separate.generate(prompts, params)):
-        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    assert_same_as_one_prefill(shared, policy_model, tokenizer, prompts, params, seed=5)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -112,25 +122,10 @@ def test_a_row_far_longer_than_the_others_runs_its_extra_tokens_apart(policy_mod
     prompts = [*short[:3], long, *short[3:]]
     width = max(len(p) for p in short)
     assert len(long) - width > 64  # the other 5 rows would pad to it: > 256 columns
-    shapes = []
-    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
-                                                  with_kwargs=True)
-    try:
-        evened = TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False).generate(prompts, params)
-    finally:
-        hook.remove()
+    evened, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=2)
     # the long row's first len(long) - width tokens alone, then every row's last `width` at most
     assert shapes[0] == (1, len(long) - width) and shapes[1] == (6, width)
-    one_call = TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False, kv_buffer=False)
-    for a, b in zip(evened, one_call.generate(prompts, params)):
-        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    assert_same_as_one_prefill(evened, policy_model, tokenizer, prompts, params, seed=2)
     # a few rows a little longer than the rest are left as they are (one call)
-    shapes.clear()
-    hook = policy_model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
-                                                  with_kwargs=True)
-    try:
-        TransformersPolicy(policy_model, tokenizer, seed=2, prefix_cache=False).generate(short, params)
-    finally:
-        hook.remove()
+    _, shapes = generate_recording_calls(policy_model, tokenizer, short, params, seed=2)
     assert shapes[0] == (5, width)
