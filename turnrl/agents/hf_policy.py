@@ -260,22 +260,26 @@ class TransformersPolicy:
         rounding. On a GRPO group the first turn's prefill then costs one prompt, not ``G``."""
         if not self._buffer_layers:
             return hits
+        keys = [tuple(prompt) if hit is None and len(prompt) > 1 else None for prompt, hit in zip(prompts, hits)]
         counts: dict[tuple[int, ...], int] = {}
-        for prompt, hit in zip(prompts, hits):
-            if hit is None and len(prompt) > 1:
-                counts[tuple(prompt)] = counts.get(tuple(prompt), 0) + 1
+        for key in keys:
+            if key is not None:
+                counts[key] = counts.get(key, 0) + 1
         shared = [ids for ids, n in counts.items() if n > 1]
         if not shared:
             return hits
         width = max(len(ids) for ids in shared) - 1
         input_ids = torch.full((len(shared), width), self.pad_id, dtype=torch.long, device=self.device)
+        attention = torch.zeros_like(input_ids)
         for row, ids in enumerate(shared):  # right-padded: a real token's causal context holds real tokens only
             input_ids[row, :len(ids) - 1] = torch.tensor(ids[:-1], dtype=torch.long)
-        layers = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1).past_key_values.layers
-        prefixes = {ids: CachedPrefix(ids[:-1], [(layer.keys[row, :, :len(ids) - 1],
-                                                  layer.values[row, :, :len(ids) - 1]) for layer in layers])
-                    for row, ids in enumerate(shared)}
-        return [hit if hit is not None else prefixes.get(tuple(prompt)) for prompt, hit in zip(prompts, hits)]
+            attention[row, :len(ids) - 1] = 1
+        past = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1).past_key_values
+        entries = _prefixes([ids[:-1] for ids in shared], attention, past)
+        if entries is None:
+            return hits
+        prefixes = dict(zip(shared, entries))
+        return [hit if key is None else prefixes.get(key, hit) for key, hit in zip(keys, hits)]
 
     def _even_out(self, prompts: list[list[int]], hits: list[CachedPrefix | None]) -> list[CachedPrefix | None]:
         """``hits`` with the few rows whose uncached tokens far outnumber the others' (a long tool
@@ -295,7 +299,8 @@ class TransformersPolicy:
         long = [row for row, n in enumerate(rest) if n > 2 * median + LONG_MARGIN]
         if not long or len(long) > len(prompts) // 4:
             return hits
-        width = max(n for row, n in enumerate(rest) if row not in long)  # what the other rows need
+        others = set(range(len(prompts))) - set(long)
+        width = max(rest[row] for row in others)  # what the other rows need
         if (max(rest) - width) * (len(prompts) - len(long)) < MIN_COLUMNS_SAVED:
             return hits
         fed = [prompts[row][:len(prompts[row]) - width] for row in long]
