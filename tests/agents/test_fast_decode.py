@@ -8,6 +8,7 @@ from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCa
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.agents import fast_decode
 from turnrl.agents.fast_decode import DecodeStep
 from turnrl.agents.gqa_attention import gqa_attention
 from turnrl.agents.kv_buffer import buffer_cache
@@ -34,14 +35,23 @@ ARCHS = {
     "qwen3": lambda: _random_model(Qwen3ForCausalLM, Qwen3Config(**SIZES, head_dim=8)),
     "llama": lambda: _random_model(LlamaForCausalLM, LlamaConfig(**SIZES, attention_bias=True, mlp_bias=True)),
     "llama_mha": lambda: _random_model(LlamaForCausalLM, LlamaConfig(**{**SIZES, "num_key_value_heads": 4})),
+    # a rotary type whose frequencies depend on the call's positions: computed each step, no table
+    "llama_dynamic_rope": lambda: _random_model(LlamaForCausalLM, LlamaConfig(**SIZES, max_position_embeddings=8, rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})),
 }
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch):
+def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch, fused, monkeypatch):
+    """Both weight layouts (query/key/value and gate/up concatenated on small models, the
+    modules' own weights on large ones), past the rotary table's first size."""
+    monkeypatch.setattr(fast_decode, "FUSE_MAX_PARAMETERS", 10**9 if fused else 0)
     model = ARCHS[arch]()
     step = DecodeStep.for_model(model)
     assert step is not None
+    assert all((layer.qkv is not None) == fused for layer in step.layers)
+    assert step._static_rope == (arch != "llama_dynamic_rope")
     ids = torch.randint(1, 61, (3, 7))
     attention = torch.ones(3, 7, dtype=torch.long)
     attention[0, :3] = 0  # left padding, as the policy batches prompts
@@ -52,7 +62,7 @@ def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch):
         for cache in caches:
             model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True)
         next_position = positions[:, -1] + 1
-        for turn in range(5):
+        for turn in range(14):  # positions 7..20: the table made at 7 holds 0..15, then grows
             tokens = torch.randint(1, 61, (3,))
             alive = torch.tensor([1, int(turn < 2), 1])  # row 1 finished: its new slots are padding
             attention = torch.cat([attention, alive[:, None]], dim=1)
@@ -63,7 +73,7 @@ def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch):
             assert got.shape == (3, 61) and got.dtype == torch.float32
             next_position = next_position + 1
     for mine, theirs in zip(caches[0].layers, caches[1].layers):
-        assert mine.keys.shape == theirs.keys.shape == (3, model.config.num_key_value_heads, 12, 8)
+        assert mine.keys.shape == theirs.keys.shape == (3, model.config.num_key_value_heads, 21, 8)
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=0, atol=1e-5)
         torch.testing.assert_close(mine.values, theirs.values, rtol=0, atol=1e-5)
 

@@ -175,5 +175,6 @@ def test_sample_categorical_draws_each_id_at_its_probability_and_never_a_zero_we
     assert (draws[:, 1] == 5).all()  # the only id with weight, however small the row's sum
     again = sample_categorical(probs, torch.Generator().manual_seed(0)).view(20_000, 2)
     assert torch.equal(draws, again)  # the same generator state, the same draws
-    with pytest.raises(ValueError, match="NaN/inf"):
-        sample_categorical(torch.tensor([[0.5, float("nan")]]), torch.Generator())
+    for bad in ([0.5, float("nan")], [0.5, float("inf")], [0.0, 0.0]):
+        with pytest.raises(ValueError, match="NaN/inf"):
+            sample_categorical(torch.tensor([[0.2, 0.8], bad]), torch.Generator())
