@@ -116,7 +116,7 @@ def plot_panels(panels: Mapping[str, Sequence[RunRecord]], path: str | Path, x: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(9 * len(panels), 4.4), squeeze=False)
     for ax, (title, records) in zip(axes[0], panels.items()):
         for label in dict.fromkeys(r.algorithm for r in records):
             runs = [r for r in records if r.algorithm == label]
@@ -133,7 +133,7 @@ def plot_panels(panels: Mapping[str, Sequence[RunRecord]], path: str | Path, x: 
         ax.set_ylabel("held-out success (greedy)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside the curves, never on them
     fig.text(0.5, 0.01, f"line: mean over seeds; {caption}", ha="center", fontsize="small")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)

@@ -7,7 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from turnrl.algorithms import shared_prompt
 from turnrl.algorithms.critic import Critic
 from turnrl.algorithms.scoring import token_logprobs
-from turnrl.algorithms.shared_prompt import prompt_groups, shared_prompt_hidden
+from turnrl.algorithms.shared_prompt import prompt_groups, shared_prompt_hidden, suffix_buckets
 
 
 def _model(seed=0):
@@ -49,6 +49,7 @@ def test_rows_group_by_the_ids_before_the_position_that_predicts_their_first_sco
 @pytest.mark.parametrize("spec", [
     [(20, [5, 9, 3]), (11, [7, 12]), (15, [4])],  # groups of 3, 2 and 1, prompts of 3 lengths
     [(30, [6, 8, 2, 10])],  # one task's samples
+    [(30, [6, 8, 2, 60, 5]), (12, [9, 50])],  # long rows among short ones: run in buckets
 ])
 def test_sharing_gives_the_plain_forwards_logprobs_entropies_and_gradients(spec):
     model = _model()
@@ -78,9 +79,10 @@ def test_each_shared_prompt_runs_once_and_hidden_states_match_from_the_predictin
     with torch.no_grad():
         shared = shared_prompt_hidden(decoder, ids, mask, score)
     handle.remove()
-    # one call over the 2 distinct prompts (padded to the longest, 19 = 20 - 1), one over each
-    # row's tokens from there (the longest: 12 scored tokens and the one before them)
-    assert calls == [torch.Size([2, 19]), torch.Size([5, 13])]
+    # one call over the 2 distinct prompts (padded to the longest, 19 = 20 - 1), then the rows'
+    # tokens from there (scored tokens and the one before them: 6, 10, 4, 8, 13) in two buckets,
+    # the 13 and 10 apart from the 8, 6 and 4 (suffix_buckets)
+    assert calls == [torch.Size([2, 19]), torch.Size([2, 13]), torch.Size([3, 8])]
     with torch.no_grad():
         plain = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
     start, _ = prompt_groups(ids, mask, score)
@@ -88,6 +90,16 @@ def test_each_shared_prompt_runs_once_and_hidden_states_match_from_the_predictin
         s = int(start[row])
         torch.testing.assert_close(shared[row, s:n], plain[row, s:n], atol=1e-5, rtol=1e-5)
         assert not shared[row, :s].any() and not shared[row, n:].any()
+
+
+def test_suffix_buckets_split_off_long_rows_while_a_split_saves_a_quarter():
+    # one long row among short ones: alone (cost 1*200*300 + 7*20*120 against 8*200*300)
+    assert suffix_buckets([20, 18, 200, 15, 20, 19, 17, 20], 100) == [[2], [0, 4, 7, 5, 1, 6, 3]]
+    # similar lengths: one bucket; a single row: one bucket
+    assert suffix_buckets([20, 18, 22, 19], 100) == [[2, 0, 3, 1]]
+    assert suffix_buckets([7], 10) == [[0]]
+    # three levels: split twice, longest first
+    assert suffix_buckets([400, 10, 100, 12, 98, 11], 50) == [[0], [2, 4], [3, 5, 1]]
 
 
 def test_no_sharing_without_enough_shared_tokens_or_on_left_padded_rows(monkeypatch):

@@ -78,21 +78,68 @@ def shared_prompt_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch
     layers = getattr(past, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
-    # every row's prompt keys and values, then its own tokens from `start` on
+    # every row's prompt keys and values, then its own tokens from `start` on, in buckets of
+    # rows of similar length (each bucket padded to its own longest row)
     rest = lengths - start
+    out = None
+    for bucket in suffix_buckets(rest.tolist(), width):
+        rows = torch.tensor(bucket, dtype=torch.long, device=device)
+        hidden = _suffix_hidden(decoder, layers, group_of[rows], input_ids[rows], start[rows], rest[rows], width)
+        if out is None:
+            out = hidden.new_zeros((n, input_ids.shape[1], hidden.shape[-1]))
+        real = torch.arange(hidden.shape[1], device=device)[None] < rest[rows][:, None]
+        at_row, at = real.nonzero(as_tuple=True)
+        out = out.index_put((rows[at_row], start[rows][at_row] + at), hidden[at_row, at])
+    return out
+
+
+def _suffix_hidden(decoder, layers, group_of: torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor,
+                   rest: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, S, H]``: the decoder over each row's ``rest`` tokens from ``start`` on (``S`` the
+    longest), on top of its prompt's keys and values (``layers``: ``[G, kv_heads, width, d]``,
+    row ``r``'s prompt ``group_of[r]``, real up to ``start[r]``; cut to these rows' longest)."""
+    device = input_ids.device
     cols = torch.arange(int(rest.max()), device=device)
-    real = cols[None] < rest[:, None]  # [N, S]
+    real = cols[None] < rest[:, None]  # [R, S]
     ids = torch.where(real, input_ids.gather(1, (start[:, None] + cols[None]).clamp(max=input_ids.shape[1] - 1)),
                       torch.zeros_like(input_ids[:, :1]))
     positions = start[:, None] + cols[None]
-    prompt_real = torch.arange(width, device=device)[None] < start[:, None]  # [N, width]
+    width = min(width, int(start.max()))  # these rows' prompts (the others' may be longer)
+    prompt_real = torch.arange(width, device=device)[None] < start[:, None]  # [R, width]
     mask = torch.cat([prompt_real, real], dim=1).long()
-    cache = DynamicCache(ddp_cache_data=[(layer.keys[group_of], layer.values[group_of]) for layer in layers])
-    hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                     use_cache=True).last_hidden_state  # [N, S, H]
-    out = hidden.new_zeros((n, input_ids.shape[1], hidden.shape[-1]))
-    rows, at = real.nonzero(as_tuple=True)
-    return out.index_put((rows, start[rows] + at), hidden[rows, at])
+    cache = DynamicCache(ddp_cache_data=[(layer.keys[group_of, :, :width], layer.values[group_of, :, :width])
+                                         for layer in layers])
+    return decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True).last_hidden_state
+
+
+def suffix_buckets(rest: list[int], width: int) -> list[list[int]]:
+    """Rows (indices of ``rest``, each row's tokens after the shared prompt) cut into buckets run
+    as separate calls, longest rows first, so that one long row does not pad every other.
+
+    A bucket's cost is taken as its rows x its longest row x (``width`` + that row): what its
+    attention computes over the prompt's keys and its own (the linear layers save in proportion
+    to the rows x longest). Rows sorted longest first split at the point that costs least, then
+    the second part again, while a split saves at least ``MIN_SPLIT_SAVING`` of its part's cost
+    (a call costs overhead too)."""
+    order = sorted(range(len(rest)), key=lambda r: -rest[r])
+
+    def cost(rows: list[int]) -> int:
+        return len(rows) * rest[rows[0]] * (width + rest[rows[0]])
+
+    buckets, part = [], order
+    while len(part) > 1:
+        whole = cost(part)
+        split, best = min(((k, cost(part[:k]) + cost(part[k:])) for k in range(1, len(part))), key=lambda kv: kv[1])
+        if best > (1 - MIN_SPLIT_SAVING) * whole:
+            break
+        buckets.append(part[:split])
+        part = part[split:]
+    return buckets + [part]
+
+
+MIN_SPLIT_SAVING = 0.25
+"""``suffix_buckets`` splits a bucket only when that saves this fraction of its cost."""
 
 
 def decoder_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor,
