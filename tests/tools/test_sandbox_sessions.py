@@ -54,8 +54,11 @@ def test_overlapping_calls_of_one_session_start_from_the_last_finished_files(san
     bump = "import time\nn = int(open('n.txt').read())\ntime.sleep({})\nopen('n.txt', 'w').write(str(n + 1))\nprint(n)"
 
     async def both():
-        return await asyncio.gather(sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(0.6)}), session),
-                                    sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(0)}), session))
+        # the fast call holds its files 0.5 s before writing them back, so a slow call whose
+        # sandbox starts late on a loaded machine (pool="call": one start per call) still
+        # starts before it finishes (CI once saw it start after a 0 s call had finished)
+        return await asyncio.gather(sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(1.5)}), session),
+                                    sandbox.arun(run_python, ToolCall("run_python", {"code": bump.format(0.5)}), session))
 
     slow, fast = run_sync(both())
     assert slow.content.endswith("stdout:\n0") and fast.content.endswith("stdout:\n0")  # both saw the same files
