@@ -39,8 +39,8 @@ def _write(tmp_path: Path, data: dict) -> Path:
 def test_the_credit_suite_runs_the_issues_methods_with_five_seeds_against_grpo():
     suite = load_suite("credit")
     assert [m.name for m in suite.methods] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae", "gspo",
-                                               "cispo", "grpo_token_mean", "turn_returns_token_mean",
-                                               "turn_gae_token_mean"]
+                                               "cispo", "grpo_token_mean", "turn_returns_seq_mean",
+                                               "turn_gae_seq_mean"]
     assert suite.baseline == "grpo" and len(suite.seeds) >= 5 and len(suite.envs) == 2
     assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long"]
     for env in suite.envs:  # each env states its sample budget in its entry
