@@ -1,5 +1,6 @@
 """Sandboxed tool calls per second: bare ``python3 -c`` subprocesses against the bubblewrap
-sandbox started per call (``pool="off"``) and its warm pools (``pool="call"``, ``"episode"``).
+sandbox started per call (``pool="off"``) and its warm pools (``pool="call"``, ``"episode"``,
+``"recycle"``).
 
     .venv/bin/python scripts/bench_sandbox.py [--snippets 200] [--concurrency 16] [--repeats 3] [--json out.json]
 
@@ -36,7 +37,7 @@ from turnrl.tools import ToolCall, run_python, run_sync  # noqa: E402
 from turnrl.tools.executors import Limits, SandboxExecutor  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
-SIDES = ("bare", "off", "call", "episode")
+SIDES = ("bare", "off", "call", "episode", "recycle")
 BIGGER = [
     ("total = 0\nfor i in range(20000):\n    total += i * i\nprint(total)", str(sum(i * i for i in range(20000)))),
     ("import random\nrandom.seed(0)\nxs = sorted(random.random() for _ in range(5000))\nprint(xs == sorted(xs))", "True"),
@@ -118,6 +119,8 @@ def run(args) -> dict:
                         rates[side][how].append(rate)
             print(f"  round {repeat}{' (warm-up)' if repeat == 0 else ''} done", flush=True)
         memory_mode = next((ex.memory_mode for ex in executors.values() if ex is not None), "")
+        pools = {side: {"started": ex.pool.started, "recycled": ex.pool.recycled}
+                 for side, ex in executors.items() if ex is not None and ex.pool is not None}
     finally:
         for ex in executors.values():
             if ex is not None:
@@ -136,11 +139,12 @@ def run(args) -> dict:
                 row[how]["vs_bare"] = row[how]["median"] / rows["bare"][how]["median"]
     setup = {"snippets": args.snippets, "episode_calls": args.episode_calls, "concurrency": args.concurrency,
              "pool_size": args.pool_size, "repeats": args.repeats, "memory_mode": memory_mode, **versions()}
-    return {"setup": setup, "rows": rows}
+    return {"setup": setup, "rows": rows, "pools": pools}
 
 
 LABELS = {"bare": "bare python3 -c subprocess", "off": "sandbox, cold (pool=off)",
-          "call": "sandbox, warm per call (pool=call)", "episode": "sandbox, warm per episode (pool=episode)"}
+          "call": "sandbox, warm per call (pool=call)", "episode": "sandbox, warm per episode (pool=episode)",
+          "recycle": "sandbox, warm, recycled (pool=recycle)"}
 
 
 def print_table(result: dict) -> None:
@@ -156,6 +160,8 @@ def print_table(result: dict) -> None:
             cells.append(f"{row[how]['median']:>19.1f}")
             cells.append(f"{row[how]['vs_bare']:>7.2f}x" if "vs_bare" in row[how] else f"{'':>8}")
         print(f"{LABELS[side]:<42} {' '.join(cells)}")
+    print("warm sandboxes over all rounds: " + "; ".join(
+        f"{side} {p['started']} started, {p['recycled']} recycled" for side, p in result["pools"].items()))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,5 @@
-"""Warm sandboxes (``SandboxExecutor(pool="call" | "episode")``): nothing of one episode reaches
-the next, the pool refills, a killed sandbox is replaced, shutdown leaves no process, and a
+"""Warm sandboxes (``SandboxExecutor(pool="call" | "episode" | "recycle")``): nothing of one
+episode reaches the next (in a recycled sandbox too), the pool refills, a killed sandbox is replaced, shutdown leaves no process, and a
 python program in the forked warm interpreter behaves as in a fresh ``python3``. Real bwrap.
 
 Under CI (``CI=true``) a missing bubblewrap fails these tests instead of skipping them."""
@@ -13,13 +13,14 @@ import pytest
 
 from turnrl.tools import Program, ToolCall, run_python, run_sync
 from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable
+from turnrl.tools.executors.sandbox_pool import SandboxPool
 
 from tests.helpers import BWRAP_INSTALL, descendants, missing_tool
 
 pytestmark = pytest.mark.slow
 
 LIMITS = Limits(cpu_s=1, wall_s=2, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
-WARM = ("call", "episode")
+WARM = ("call", "episode", "recycle")
 
 PLANT = """
 import builtins, json, os, subprocess, sys, types
@@ -93,6 +94,58 @@ def test_nothing_of_one_episode_reaches_the_next(warm):
     warm.close_session(second)
 
 
+IPC_PLANT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT = 0o1000
+print('ipc', libc.shmget(0, 4096, IPC_CREAT | 0o600) >= 0, libc.semget(0, 1, IPC_CREAT | 0o000) >= 0,
+      libc.msgget(0, IPC_CREAT | 0o000) >= 0)
+os.chmod('/tmp', 0o500)
+os.chmod('.', 0o500)
+"""
+IPC_LOOK = """
+import os
+print('ipc', [len(open('/proc/sysvipc/' + kind).read().splitlines()) - 1 for kind in ('shm', 'sem', 'msg')])
+print('modes', oct(os.stat('/work').st_mode & 0o777), oct(os.stat('/tmp').st_mode & 0o777))
+"""
+
+
+def test_a_recycled_sandbox_serves_the_next_episode_with_nothing_of_the_last():
+    ex = executor(pool="recycle", pool_size=0)  # no fresh sandboxes: the second episode must get the first's
+    try:
+        first, second = uuid.uuid4().hex, uuid.uuid4().hex
+        fresh = lines(py(ex, IPC_LOOK, first))
+        assert "planted" in py(ex, PLANT, first)
+        before = lines(py(ex, "os = __import__('os')\nos.mkdir('locked')\nos.chmod('locked', 0)\n" + IPC_PLANT + LOOK, first))
+        assert before["ipc"] == "True True True" and before["work"] == "['locked', 'main.py', 'work.txt']"
+        ex.close_session(first)
+        wait_for(lambda: ex.pool.counts()["idle"] == 1)
+        assert ex.pool.recycled == 1 and ex.pool.started == 1
+        after = lines(py(ex, IPC_LOOK + LOOK, second))
+        assert after["sandbox"] == before["sandbox"]  # the same sandbox (its /work's device), wiped
+        assert after["work"] == "['main.py']" and after["tmp"] == "[] []" and after["procs"] == "[]"
+        assert after["globals"] == "False False False" and after["ipc"] == "[0, 0, 0]"
+        assert after["modes"] == fresh["modes"] != "0o500 0o500"  # the episode's chmods undone
+        assert ex.pool.started == 1
+    finally:
+        ex.close()
+
+
+def test_a_sandbox_that_cannot_be_wiped_is_retired_not_recycled():
+    ex = executor(pool="recycle", pool_size=0)
+    try:
+        session = uuid.uuid4().hex
+        py(ex, "print(1)", session)
+        held = ex.pool.held(session)
+        held.kill()  # dead before its wipe: it must not go back among the fresh ones
+        ex.close_session(session)
+        wait_for(lambda: held.proc.returncode is not None and ex.pool.counts()["live"] == 0)
+        assert ex.pool.recycled == 0 and ex.pool.counts()["idle"] == 0
+        assert py(ex, "print(6 * 7)", uuid.uuid4().hex).endswith("42") and ex.pool.started == 2
+    finally:
+        ex.close()
+
+
 def test_each_episode_has_a_sandbox_of_its_own_and_it_goes_with_the_episode():
     ex = executor(pool="episode", pool_size=2)
     try:
@@ -119,21 +172,24 @@ def test_in_call_mode_every_call_gets_a_fresh_sandbox():
         seen = [lines(py(ex, LOOK, session)) for _ in range(3)]
         assert all(s["work"] == "['kept.txt', 'main.py']" and s["tmp"] == "[] []" for s in seen)
         assert ex.pool.held(session) is None
-        wait_for(lambda: ex.pool.counts() == {"idle": 2, "held": 0, "starting": 0, "live": 2})
+        wait_for(lambda: ex.pool.counts() == {"idle": 2, "held": 0, "starting": 0, "wiping": 0, "live": 2})
         assert ex.pool.started == started + 3  # each call took a fresh sandbox, retired after it
     finally:
         ex.close()
 
 
 def test_the_pool_refills_as_calls_take_sandboxes(warm):
-    wait_for(lambda: warm.pool.counts()["idle"] == 2)
-    started = warm.pool.started
+    wait_for(lambda: warm.pool.counts()["idle"] >= 2)  # recycled sandboxes may wait beside the fresh ones
+    started, recycled = warm.pool.started, warm.pool.recycled
     sessions = [uuid.uuid4().hex for _ in range(3)]
     for session in sessions:
         assert py(warm, "print(6 * 7)", session).endswith("42")
         warm.close_session(session)
-    wait_for(lambda: warm.pool.counts()["idle"] == 2)
-    assert warm.pool.started >= started + 3
+    wait_for(lambda: warm.pool.counts()["idle"] >= 2 and warm.pool.counts()["wiping"] == 0)
+    if warm.pool_mode == "recycle":  # every episode's sandbox was wiped and put back: none started
+        assert warm.pool.recycled == recycled + 3 and warm.pool.started == started
+    else:
+        assert warm.pool.started >= started + 3 and warm.pool.recycled == 0
 
 
 @pytest.mark.parametrize("attack, limit", [("import time\ntime.sleep(30)", "wall_s=2"),
@@ -194,6 +250,8 @@ def test_close_leaves_no_process_and_no_cgroup_behind(mode):
 def test_pool_options_are_validated():
     with pytest.raises(ValueError, match="pool must be one of"):
         SandboxExecutor(pool="warm")
+    with pytest.raises(ValueError, match="recycle=True needs per_episode=True"):
+        SandboxPool(None, 1, per_episode=False, loop=None, recycle=True)
     for size in (-1, True, 1.5):
         with pytest.raises(ValueError, match="pool_size must be an int >= 0"):
             SandboxExecutor(pool="call", pool_size=size)

@@ -1,7 +1,8 @@
 """Attacks on the bubblewrap sandbox: each is contained, reported in the message, and the same
 executor runs a normal call right after. Real bwrap, real processes, small limits. Every attack
 runs in every mode of the executor (``pool``: a cold sandbox per call, warm ones per call, warm
-ones per episode).
+ones per episode, and warm ones recycled: each attack runs in its own session, closed after it,
+so in that mode the next call runs in the sandbox the attack left, wiped).
 
 Under CI (``CI=true``) a missing bubblewrap fails these tests instead of skipping them."""
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 LIMITS = Limits(cpu_s=1, wall_s=2, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
-MODES = ("off", "call", "episode")
+MODES = ("off", "call", "episode", "recycle")
 
 
 def sandbox_executor(limits, **options):
@@ -384,6 +385,8 @@ def test_nested_user_namespaces_are_denied(sandbox):
     ("setns", "libc.setns(os.open('/proc/self/ns/net', os.O_RDONLY), 0)"),
     ("io_uring_setup", "libc.syscall(425, 1, 0)"),
     ("userfaultfd", "libc.syscall(323 if os.uname().machine == 'x86_64' else 282, 0)"),
+    # a POSIX message queue would outlive the episode in a recycled sandbox's IPC namespace
+    ("mq_open", "libc.syscall(240 if os.uname().machine == 'x86_64' else 180, b'q', os.O_CREAT | os.O_RDWR, 0o600, 0)"),
 ])
 def test_dangerous_system_calls_are_denied(sandbox, name, call):
     r = run(sandbox, LIBC + f"print({name!r}, {call}, ctypes.get_errno())")

@@ -1,5 +1,5 @@
 """Sandbox sessions, exit codes, stdin and the env wiring of a code tool (real bwrap), in every
-mode of the executor (``pool``: off, call, episode)."""
+mode of the executor (``pool``: off, call, episode, recycle)."""
 
 import asyncio
 import os
@@ -17,7 +17,7 @@ from tests.helpers import BWRAP_INSTALL, missing_tool
 pytestmark = pytest.mark.slow
 
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256}
-MODES = ("off", "call", "episode")
+MODES = ("off", "call", "episode", "recycle")
 
 
 @pytest.fixture(scope="module", params=MODES)

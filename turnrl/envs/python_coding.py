@@ -103,10 +103,10 @@ RETRY = "Fix the function and submit it again in a ```python block."
 SHOWN_VALUE = 120
 DEFAULT_EXECUTOR_OPTIONS: Mapping[str, Mapping] = {
     "sandbox": {"limits": {"cpu_s": 2.0, "wall_s": 5.0, "memory_mb": 256, "output_bytes": 16_384},
-                "pool": "episode"},
+                "pool": "recycle"},
 }
 """Sandbox limits of both the model's ``run_python`` calls and the grading runs, and warm
-sandboxes, each serving one episode's calls (or one grading run) and then discarded
+sandboxes, each serving one episode's calls (or one grading run) and then wiped for the next
 (``SandboxExecutor`` ``pool``: docs/sandbox.md)."""
 
 HARNESS = """import json, sys

@@ -29,15 +29,21 @@ as the memory limit. Elsewhere the bound is kept by rlimits: the tmpfs sizes are
 ``MIN_PROCESS_MB`` each, RLIMIT_NPROC lowered to fit). ``SandboxExecutor.memory_mode`` says
 which one runs.
 
-Warm sandboxes (``pool="call"`` / ``"episode"``, ``sandbox_pool.py``): the same command, started
-ahead with a trusted server (``warm_launcher.py``) as pid 1 instead of the one-shot launcher;
-each call forks the program from that server (a ``python3`` script runs in the forked
-interpreter itself). ``"call"``: a sandbox serves one call, so every call starts as in a cold
-one. ``"episode"``: a sandbox serves the calls of one session and is discarded with it; between
-its calls the server kills every process left and empties ``/tmp`` and ``/dev/shm``, each
-program starts from the server's untouched interpreter, and ``/work`` stays. No sandbox ever
-serves two sessions, so nothing (files, processes, interpreter or IPC state) passes from one
-episode to another in any mode. A warm sandbox has one memory cgroup for its whole life.
+Warm sandboxes (``pool="call"`` / ``"episode"`` / ``"recycle"``, ``sandbox_pool.py``): the same
+command, started ahead with a trusted server (``warm_launcher.py``) as pid 1 instead of the
+one-shot launcher; each call forks the program from that server (a ``python3`` script runs in
+the forked interpreter itself). ``"call"``: a sandbox serves one call, so every call starts as
+in a cold one. ``"episode"``: a sandbox serves the calls of one session and is discarded with
+it; between its calls the server kills every process left and empties ``/tmp`` and
+``/dev/shm``, each program starts from the server's untouched interpreter, and ``/work`` stays.
+In these modes no sandbox ever serves two sessions, so nothing (files, processes, interpreter
+or IPC state) passes from one episode to another. ``"recycle"``: as ``"episode"``, but when the
+session ends its sandbox is wiped by the server (every process killed, ``/work``, ``/tmp`` and
+``/dev/shm`` emptied, every System V IPC object removed, all of it checked) and serves another
+session; nothing an episode can change passes to the next one (every writable place is wiped,
+no program can change the server, and POSIX message queues cannot be made), but the sandboxes
+of two episodes share the server's start: its address-space layout and hash seed, and its
+namespaces' identity. A warm sandbox has one memory cgroup for its whole life.
 
 The executor kills the whole sandbox after ``wall_s`` or once stdout+stderr exceed
 ``output_bytes``. Which limit stopped a run is read from the exit status (SIGXCPU or an
@@ -350,8 +356,9 @@ class SandboxExecutor(Executor):
         memory: ``"auto"`` (a memory cgroup where one is writable, else rlimits), ``"cgroup"``
             (require one) or ``"rlimit"`` (never use one).
         pool: ``"off"`` (a new sandbox per call, started when the call comes), ``"call"`` (warm
-            sandboxes started ahead, each serving one call) or ``"episode"`` (warm sandboxes,
-            each serving the calls of one session, then discarded). What each keeps isolated:
+            sandboxes started ahead, each serving one call), ``"episode"`` (warm sandboxes,
+            each serving the calls of one session, then discarded) or ``"recycle"`` (as
+            ``"episode"``, then wiped and serving another session). What each keeps isolated:
             the module docstring.
         pool_size: Fresh warm sandboxes kept started (refilled in the background); ignored
             with ``pool="off"``.
@@ -380,7 +387,8 @@ class SandboxExecutor(Executor):
             raise ValueError(f"memory must be 'auto', 'cgroup' or 'rlimit', got {memory!r}")
         if pool not in POOL_MODES:
             raise ValueError(f"pool must be one of {POOL_MODES} ('off': a new sandbox per call; 'call'/'episode': "
-                             f"warm sandboxes, each serving one call / the calls of one episode), got {pool!r}")
+                             f"warm sandboxes, each serving one call / the calls of one episode; 'recycle': as "
+                             f"'episode', then wiped for the next episode), got {pool!r}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
             raise ValueError(f"pool_size must be an int >= 0 (warm sandboxes kept started), got {pool_size!r}")
         self.pool_mode = pool
@@ -414,7 +422,7 @@ class SandboxExecutor(Executor):
         if pool != "off":
             start = partial(_start_warm, self._tools, self._identity, self._cgroups, self.limits.memory_mb << 20,
                             self.limits.file_mb << 20, self.workdir_mb << 20)
-            self.pool = SandboxPool(start, pool_size, pool == "episode", get_loop())
+            self.pool = SandboxPool(start, pool_size, pool in ("episode", "recycle"), get_loop(), recycle=pool == "recycle")
         self._finalizer = weakref.finalize(self, _cleanup, self._root, self._cgroups, self.pool)
         if self.pool is not None:
             self.pool.fill()

@@ -1,6 +1,7 @@
-"""Warm bubblewrap sandboxes for ``SandboxExecutor(pool="call" | "episode")``: started ahead of
-the calls, each running the trusted server of ``warm_launcher.py`` as its pid 1, and recycled
-so that no sandbox ever serves two sessions (episodes).
+"""Warm bubblewrap sandboxes for ``SandboxExecutor(pool="call" | "episode" | "recycle")``: started
+ahead of the calls, each running the trusted server of ``warm_launcher.py`` as its pid 1. With
+``call`` and ``episode`` no sandbox ever serves two sessions (episodes); with ``recycle`` a
+sandbox whose session ended is wiped by its server and serves another.
 
 A ``WarmSandbox`` is one started sandbox: the same ``bwrap`` command, namespaces, seccomp filter,
 uid drop and memory cgroup (one per sandbox) as a cold run, plus a Unix socket to its server.
@@ -15,6 +16,11 @@ session, for the session's next call only; it is retired (killed, its cgroup rem
 session closes, when a call of it is killed, when its scratch dirs could not be emptied, when
 its files fell behind the session's (overlapping calls of one session), or when more than
 ``KEPT_SESSIONS`` sessions hold one. Without ``per_episode`` every sandbox serves one call.
+With ``recycle`` (and ``per_episode``) a sandbox that would be retired alive and clean, because
+its session closed or was evicted, is wiped instead (``WarmSandbox.wipe``: the server kills every
+process, empties every writable dir and removes the IPC objects, and says whether all of it is
+gone) and goes back among the fresh ones; one that does not answer clean within
+``WIPE_TIMEOUT_S`` is retired. At most ``KEPT_SESSIONS`` recycled sandboxes wait idle.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from turnrl.tools.executors.verdict import OutputCap
 
 __all__ = ["KEPT_SESSIONS", "POOL_MODES", "WARM_LAUNCHER", "SandboxPool", "WarmCall", "WarmSandbox", "WarmStartFailed", "start_warm"]
 
-POOL_MODES = ("off", "call", "episode")
+POOL_MODES = ("off", "call", "episode", "recycle")
 WARM_LAUNCHER = (Path(__file__).with_name("warm_launcher.py")).read_text()
 """The server's source, run inside each warm sandbox with ``python3 -c``."""
 KEPT_SESSIONS = 64
@@ -45,6 +51,7 @@ START_TIMEOUT_S = 30.0
 READ_CHUNK = 65_536
 KILL_GRACE_S = 2.0
 CGROUP_GRACE_S = 5.0
+WIPE_TIMEOUT_S = 5.0
 
 
 class WarmStartFailed(RuntimeError):
@@ -172,8 +179,34 @@ class WarmSandbox:
         oom = self.cgroup is not None and self.cgroup.oom_kills() > oom_before
         return WarmCall(output, status, killed[0] if killed else None, bytes(packed) if state_done else None, oom)
 
+    async def wipe(self) -> bool:
+        """Have the server make this sandbox as a fresh one (kill every process, empty ``/work``,
+        ``/tmp`` and ``/dev/shm``, remove the IPC objects); True when it says all of it is gone
+        within ``WIPE_TIMEOUT_S``. The sandbox then holds no session's files (``version`` -1).
+        On False it is killed: it must not serve again."""
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_sendall(self.control, b"W"), WIPE_TIMEOUT_S)
+            line = await asyncio.wait_for(self._line(), WIPE_TIMEOUT_S)
+        except (asyncio.TimeoutError, OSError):
+            line = None
+        if line != b"1\n" or not self.alive:
+            self.kill()
+            return False
+        self.version, self.clean = -1, True
+        return True
+
     async def _answer(self) -> tuple[int, bool, bool] | None:
         """The server's ``b"<status> <clean> <packed>\\n"`` (None if the socket closed first)."""
+        line = await self._line()
+        try:
+            status, clean, packed = line.split()
+            return int(status), clean == b"1", packed == b"1"
+        except (AttributeError, ValueError):
+            return None
+
+    async def _line(self) -> bytes | None:
+        """The server's next answer line (None if the socket closed first or it is too long)."""
         loop = asyncio.get_running_loop()
         line = b""
         while not line.endswith(b"\n"):
@@ -184,11 +217,7 @@ class WarmSandbox:
             if not chunk or len(line) > 64:
                 return None
             line += chunk
-        try:
-            status, clean, packed = line.split()
-            return int(status), clean == b"1", packed == b"1"
-        except ValueError:
-            return None
+        return line
 
 
 class SandboxPool:
@@ -199,23 +228,31 @@ class SandboxPool:
         size: Fresh sandboxes kept started.
         per_episode: Whether a sandbox serves the following calls of its session (else one call).
         loop: The event loop every sandbox of the pool runs on.
+        recycle: Whether a sandbox whose session ended is wiped and serves another session
+            (needs ``per_episode``).
     """
 
     def __init__(self, start: Callable[[], Awaitable[WarmSandbox]], size: int, per_episode: bool,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, recycle: bool = False) -> None:
+        if recycle and not per_episode:
+            raise ValueError("recycle=True needs per_episode=True: a sandbox is recycled when its session ends")
         self._start = start
         self.size = size
         self.per_episode = per_episode
+        self.recycle = recycle
         self.loop = loop
         self._idle: list[WarmSandbox] = []
         self._bound: OrderedDict[str, WarmSandbox] = OrderedDict()
         self._live: set[WarmSandbox] = set()
         self._starting = 0
+        self._wiping = 0
         self._tasks: set[asyncio.Task] = set()
         self._lock = threading.Lock()
         self._closed = False
         self.started = 0
         """Sandboxes started so far (fresh ones for the pool and ones started on demand)."""
+        self.recycled = 0
+        """Sandboxes wiped clean and put back among the fresh ones so far."""
 
     def fill(self) -> None:
         """Start sandboxes in the background until ``size`` fresh ones are idle or starting
@@ -224,7 +261,7 @@ class SandboxPool:
 
     def _fill(self) -> None:
         with self._lock:
-            missing = 0 if self._closed else self.size - len(self._idle) - self._starting
+            missing = 0 if self._closed else self.size - len(self._idle) - self._starting - self._wiping
             self._starting += max(missing, 0)
         for _ in range(missing):
             self._spawn(self._refill_one())
@@ -289,14 +326,35 @@ class SandboxPool:
             else:
                 evicted.append(sandbox)
         for old in evicted:
-            self.retire(old)
+            self.release(old)
 
     def drop_session(self, session: str) -> None:
-        """Retire the sandbox ``session`` holds, if any (thread-safe)."""
+        """Release the sandbox ``session`` holds, if any (thread-safe)."""
         with self._lock:
             held = self._bound.pop(session, None)
         if held is not None:
-            self.retire(held)
+            self.release(held)
+
+    def release(self, sandbox: WarmSandbox) -> None:
+        """A sandbox no session holds any more: wiped and put back among the fresh ones when the
+        pool recycles and it is alive and clean, else retired (thread-safe)."""
+        if not (self.recycle and sandbox.alive and sandbox.clean) or self.loop.is_closed():
+            self.retire(sandbox)
+            return
+        with self._lock:
+            self._wiping += 1
+        self.loop.call_soon_threadsafe(lambda: self._spawn(self._recycle(sandbox)))
+
+    async def _recycle(self, sandbox: WarmSandbox) -> None:
+        wiped = await sandbox.wipe()
+        with self._lock:
+            self._wiping -= 1
+            keep = wiped and not self._closed and len(self._idle) < KEPT_SESSIONS
+            if keep:
+                self._idle.append(sandbox)
+                self.recycled += 1
+        if not keep:
+            await self._reap(sandbox)
 
     def retire(self, sandbox: WarmSandbox) -> None:
         """Kill ``sandbox`` now and clean up after it on the pool's loop (thread-safe)."""
@@ -324,10 +382,11 @@ class SandboxPool:
             return self._bound.get(session)
 
     def counts(self) -> dict[str, int]:
-        """How many sandboxes are idle (fresh), held by sessions, starting, and alive in all."""
+        """How many sandboxes are idle (fresh), held by sessions, starting, being wiped, and alive
+        in all."""
         with self._lock:
             return {"idle": len(self._idle), "held": len(self._bound), "starting": self._starting,
-                    "live": len(self._live)}
+                    "wiping": self._wiping, "live": len(self._live)}
 
     def close(self) -> None:
         """Kill every sandbox of the pool now (thread-safe); nothing starts after."""

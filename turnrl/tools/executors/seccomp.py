@@ -6,7 +6,10 @@ Denied with ``EPERM``: ``ptrace`` and cross-process memory access (``process_vm_
 ``pivot_root``, ``chroot``, the new mount API, ``unshare``, ``setns``, and ``clone`` with any
 ``CLONE_NEW*`` flag); the kernel keyring; ``bpf``, ``perf_event_open``, ``userfaultfd``;
 ``io_uring`` (its operations bypass seccomp); module and kexec loading; file handles
-(``open_by_handle_at``); ``acct``, swap, ``reboot``, ``syslog``, ``quotactl``. ``clone3`` gets
+(``open_by_handle_at``); ``acct``, swap, ``reboot``, ``syslog``, ``quotactl``; ``mq_open`` (a POSIX
+message queue outlives its processes in the sandbox's IPC namespace, where no mount lists it, so
+a recycled sandbox could not be wiped of it; System V IPC stays allowed: the warm server removes
+those objects, read from ``/proc/sysvipc``). ``clone3`` gets
 ``ENOSYS``: its flags sit in memory a filter cannot read, and libc then falls back to ``clone``,
 whose flags it can. System calls of a foreign ABI (i386 through ``int 0x80``, x32) are denied.
 
@@ -30,6 +33,7 @@ DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "open_by_handle_at", "name_to_handle_at", "acct", "swapon", "swapoff", "reboot", "syslog", "quotactl",
+    "mq_open",
 )
 """System calls the sandbox denies with EPERM (``clone`` with namespace flags too)."""
 
@@ -43,7 +47,7 @@ _GENERIC = {  # asm-generic/unistd.h (aarch64)
     "io_uring_register": 427, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
     "finit_module": 273, "delete_module": 106, "open_by_handle_at": 265, "name_to_handle_at": 264,
     "acct": 89, "swapon": 224, "swapoff": 225, "reboot": 142, "syslog": 116, "quotactl": 60,
-    "clone": 220, "clone3": 435,
+    "mq_open": 180, "clone": 220, "clone3": 435,
 }
 _X86_64 = {  # asm/unistd_64.h
     "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312,
@@ -54,7 +58,7 @@ _X86_64 = {  # asm/unistd_64.h
     "io_uring_register": 427, "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
     "finit_module": 313, "delete_module": 176, "open_by_handle_at": 304, "name_to_handle_at": 303,
     "acct": 163, "swapon": 167, "swapoff": 168, "reboot": 169, "syslog": 103, "quotactl": 179,
-    "clone": 56, "clone3": 435,
+    "mq_open": 240, "clone": 56, "clone3": 435,
 }
 _ARCHES = {"x86_64": (0xC000003E, _X86_64), "amd64": (0xC000003E, _X86_64),
            "aarch64": (0xC00000B7, _GENERIC), "arm64": (0xC00000B7, _GENERIC)}

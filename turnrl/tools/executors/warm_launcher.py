@@ -13,7 +13,7 @@ through ``/proc/1``, and ignores SIGINT (pid 1 ignores what it has no handler fo
 Protocol, on the control socket whose fd is ``argv[1]``:
 
 - once started it sends ``b"R"``;
-- a request is the one-byte message ``b"C"`` carrying four fds (SCM_RIGHTS): the input pipe
+- a call is the one-byte message ``b"C"`` carrying four fds (SCM_RIGHTS): the input pipe
   (a length-prefixed JSON spec as the cold launcher's, the session's packed files when
   ``spec["state_bytes"]`` > 0, then the program's stdin; the spec is marshalled, not JSON), the
   program's stdout and stderr, and
@@ -24,7 +24,14 @@ Protocol, on the control socket whose fd is ``argv[1]``:
   ``/work`` out, empties ``/tmp`` and ``/dev/shm``, and answers
   ``b"<exit status> <clean> <packed>\\n"`` (``clean`` 0: something could not be removed, so the
   host must not reuse this sandbox; ``packed`` 0: the working dir could not be packed whole, so
-  the host keeps the session's files as they were and does not reuse the sandbox either).
+  the host keeps the session's files as they were and does not reuse the sandbox either);
+- a wipe is the one-byte message ``b"W"`` without fds (``pool="recycle"``, after an episode):
+  it kills and reaps every process left, empties ``/work``, ``/tmp`` and ``/dev/shm``, removes
+  every System V IPC object of the sandbox's IPC namespace (shared memory, semaphore sets,
+  message queues, read from ``/proc/sysvipc``) and checks that all of it is gone, then answers
+  ``b"<clean>\n"`` (1: the sandbox is as a fresh one, its next call may be another episode's).
+  POSIX message queues, which no mount here would list, cannot be made: seccomp denies
+  ``mq_open``.
 
 A ``python3 SCRIPT ...`` or ``python3 -c CODE ...`` program, where ``python3`` is this very
 interpreter, runs in the forked child itself, as a fresh interpreter would run it (``__main__``
@@ -52,6 +59,11 @@ FDS = 4
 PYTHON = os.path.realpath(sys.executable)
 SEARCH = ("/usr/bin", "/bin")
 SCRATCH = {top: stat.S_IMODE(os.stat(top).st_mode) for top in ("/tmp", "/dev/shm")}
+WRITABLE = {os.getcwd(): stat.S_IMODE(os.stat(".").st_mode), **SCRATCH}
+"""Every writable place in the sandbox (the working dir, bubblewrap's ``--chdir``, first)."""
+SYSV = ("shm", "sem", "msg")
+"""The System V IPC kinds, as ``/proc/sysvipc`` names them."""
+IPC_RMID = 0
 PR_SET_DUMPABLE = 4
 
 
@@ -69,6 +81,9 @@ class _Libc:
 
 
 prctl = _Function(("prctl", _Libc()))
+shmctl, semctl, msgctl = (_Function((name, _Libc())) for name in ("shmctl", "semctl", "msgctl"))
+ipc_remove = {"shm": lambda i: shmctl(i, IPC_RMID, None), "sem": lambda i: semctl(i, 0, IPC_RMID),
+              "msg": lambda i: msgctl(i, IPC_RMID, None)}
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
@@ -292,6 +307,12 @@ def reap(pid):
         if done == pid:
             status = got
             break
+    kill_all()
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def kill_all():
+    """Kill (``kill(-1)`` from pid 1: every process but this one) and reap until none is left."""
     while True:
         try:
             os.kill(-1, _signal.SIGKILL)
@@ -301,11 +322,30 @@ def reap(pid):
             os.wait()
         except ChildProcessError:
             break
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def ipc_ids(kind):
+    """The ids of the System V IPC objects of ``kind`` in this IPC namespace."""
+    with open("/proc/sysvipc/" + kind) as f:
+        return [int(line.split()[1]) for line in f.read().splitlines()[1:] if line.strip()]
+
+
+def wipe():
+    """Make the sandbox as a fresh one (the ``b"W"`` request); True when nothing is left."""
+    kill_all()
+    clean = all([empty(top, mode) for top, mode in WRITABLE.items()])
+    try:
+        for kind in SYSV:
+            for i in ipc_ids(kind):
+                ipc_remove[kind](i)
+        return clean and not any(ipc_ids(kind) for kind in SYSV)
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def receive(control):
-    """The next request's four fds, or None when the host is gone or sent something else."""
+    """The next request: a call's four fds, ``[]`` for a wipe, or None when the host is gone
+    or sent something else."""
     try:
         data, ancillary, _, _ = control.recvmsg(1, _socket.CMSG_SPACE(FDS * 4))
     except OSError:
@@ -314,11 +354,11 @@ def receive(control):
     for level, kind, payload in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds += memoryview(payload[: len(payload) - len(payload) % 4]).cast("i").tolist()
-    if data != b"C" or len(fds) != FDS:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return fds
+    if (data, len(fds)) in ((b"C", FDS), (b"W", 0)):
+        return fds
+    for fd in fds:
+        os.close(fd)
+    return None
 
 
 def serve(control):
@@ -327,6 +367,9 @@ def serve(control):
         fds = receive(control)
         if fds is None:
             return
+        if not fds:
+            control.sendall(b"%d\n" % wipe())
+            continue
         source, out, err, state = fds
         spec = marshal.loads(read_exact(source, int(read_exact(source, H))))
         try:
