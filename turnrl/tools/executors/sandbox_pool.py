@@ -343,7 +343,12 @@ class SandboxPool:
             return
         with self._lock:
             self._wiping += 1
-        self.loop.call_soon_threadsafe(lambda: self._spawn(self._recycle(sandbox)))
+        try:
+            self.loop.call_soon_threadsafe(lambda: self._spawn(self._recycle(sandbox)))
+        except RuntimeError:  # the loop closed meanwhile (interpreter shutdown)
+            with self._lock:
+                self._wiping -= 1
+            sandbox.kill()
 
     async def _recycle(self, sandbox: WarmSandbox) -> None:
         wiped = await sandbox.wipe()
