@@ -11,7 +11,7 @@ from turnrl.build import env_factory
 from turnrl.conf.schema import register_configs
 from turnrl.envs.check import check
 from turnrl.envs.frozen_lake import (
-    FrozenLakeEnv, parse_map, path_bounds, shortest_path, slippery_plan,
+    FrozenLakeEnv, local_solves, parse_map, path_bounds, shortest_path, slippery_plan,
 )
 
 SMALL = "S.O/.../O.G"  # start top-left, holes at (0, 2) and (2, 0), goal bottom-right
@@ -143,6 +143,82 @@ def test_weak_skill_sets_how_often_the_weak_player_plays_the_better_move():
     for bad in (-0.1, 1.5, True, "0.5"):
         with pytest.raises(ValueError, match="weak_skill must be None or a probability"):
             FrozenLakeEnv(weak_skill=bad)
+
+
+def test_local_solves_tells_the_maps_the_memoryless_player_wins_from_its_loops():
+    assert local_solves(parse_map(SMALL), max_turns=4) and not local_solves(parse_map(SMALL), max_turns=3)
+    assert not local_solves(parse_map("S.../OOO./.G../...."), max_turns=50)  # the wall of the test above
+    # the way round the wall is there: BFS finds it, the memoryless player does not
+    assert len(shortest_path(parse_map("S.../OOO./.G../...."), (0, 0))) == 7
+
+
+@pytest.mark.slow
+def test_local_solvable_keeps_only_maps_the_local_player_wins():
+    """Every map drawn under ``local_solvable`` is won by ``local_action`` (both splits), the
+    maps are still long, and the knob drops maps: the same seed draws another map without it."""
+    env = FrozenLakeEnv(size=7, min_path=9, hole_prob=0.15, view="toward", local_solvable=True)
+    plain = FrozenLakeEnv(size=7, min_path=9, hole_prob=0.15, view="toward")
+    differ = 0
+    for split in ("train", "test"):
+        for seed in range(40):
+            steps = play(env, seed, split, env.local_action)
+            assert steps[-1][-1]["success"] and len(steps) - 1 >= 9, (split, seed)
+            plain.reset(seed=seed, options={"split": split})
+            differ += plain._task != env._task
+    assert differ > 10  # about 4 maps in 10 are dropped at 15% holes
+    # fixed maps are filtered too, and a split left with none is an error that says why
+    wall = "S.../OOO./.G../.O.."  # a test map the local player loops on; SMALL is a train map
+    assert (parse_map(wall).split, parse_map(SMALL).split) == ("test", "train") and not local_solves(parse_map(wall), 50)
+    env = FrozenLakeEnv(maps=[wall, SMALL], local_solvable=True)
+    assert env.reset(seed=0, options={"split": "train"})[1]["task_id"] == f"frozen_lake-{SMALL}"
+    with pytest.raises(ValueError, match="none of the 2 given maps that local_move solves"):
+        env.reset(seed=0, options={"split": "test"})
+    assert FrozenLakeEnv(maps=[wall]).reset(seed=0, options={"split": "test"})[1]["task_id"] == f"frozen_lake-{wall}"
+    with pytest.raises(ValueError, match="needs firm ice"):
+        FrozenLakeEnv(is_slippery=True, local_solvable=True)
+    with pytest.raises(TypeError, match="local_solvable must be a bool"):
+        FrozenLakeEnv(local_solvable="yes")
+
+
+def test_show_safe_ends_the_view_with_the_moves_toward_the_goal_that_miss_the_holes():
+    # the goal is 2 down and 1 right; down (the larger offset) is a hole, right is ice
+    env, obs, _ = fixed("S../O../.G.", view="toward", show_safe=True)
+    assert obs[1]["content"].startswith("Goal: 2 down (hole), 1 right (ice). Else: up edge, left edge. "
+                                        "Safe toward the goal: right.\n")
+    assert env.local_action() == "right" and env.toward_action() == "down"
+    env.step("right")
+    obs = env.step("down")[0]  # now at (1, 1): the goal is 1 down; both safe cells toward it listed
+    assert obs[0]["content"].endswith("Goal: 1 down (goal). Else: up ice, left hole, right ice. Safe toward the goal: down.")
+    env, obs, _ = fixed("...../.SO../.O.../...../....G", view="local", show_safe=True)  # both ways are holes
+    assert obs[1]["content"].split("\n")[0] == ("Goal: 3 down, 3 right. Next to you: up ice, down hole, left ice, "
+                                                "right hole. Safe toward the goal: none.")
+    env, obs, _ = fixed("S../.../..G", view="toward", show_safe=True)
+    assert "Safe toward the goal: down, right." in obs[1]["content"]
+    assert "Safe" not in fixed("S../.../..G", view="toward")[1][1]["content"]  # off by default
+    with pytest.raises(ValueError, match="show_safe=True needs view='local' or 'toward'"):
+        FrozenLakeEnv(show_safe=True)
+    with pytest.raises(TypeError, match="show_safe must be a bool"):
+        FrozenLakeEnv(view="toward", show_safe=1)
+
+
+@pytest.mark.slow
+def test_copying_the_first_safe_move_is_the_local_player():
+    """On ``frozen_lake_long``-like maps, the first move after "Safe toward the goal:" is
+    ``local_action``'s move at every turn it names one: a player copying it (and stepping aside
+    on "none") plays the local player, and under ``local_solvable`` wins every map."""
+    env = FrozenLakeEnv(size=7, min_path=9, hole_prob=0.15, view="toward", show_safe=True, local_solvable=True)
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed, options={"split": "test"})
+        text = obs[-1]["content"]
+        while True:
+            named = text.split("Safe toward the goal: ")[1].split(".")[0].split(", ")[0]
+            move = env.local_action()
+            assert named == move or named == "none", (text, move)
+            obs, _, terminated, truncated, info = env.step(move)
+            text = obs[-1]["content"]
+            if terminated or truncated:
+                break
+        assert info["success"]
 
 
 @pytest.mark.slow

@@ -116,3 +116,33 @@ def test_the_long_horizon_config_needs_8_or_more_turns_of_the_warm_started_playe
             turns[player].append(turn)
     assert max(turns["expert"]) == 8 and np.mean(turns["expert"]) > 6
     assert np.mean(turns["weak"]) > 10
+
+
+@pytest.mark.slow
+def test_show_middle_states_the_expert_guess_and_copying_it_solves_every_task():
+    """With ``show_middle`` every prompt and hint ends with the feasible interval's midpoint: a
+    player that copies the last number of the last message plays binary search, and one that
+    copies the first number of the interval plays the scan (the weak player's two moves)."""
+    env = GuessNumberEnv(n=255, n_min=128, max_turns=12, show_middle=True)
+    obs, _ = env.reset(seed=3)
+    upper = env.task[0]
+    assert obs[1]["content"] == f"Guess my number between 1 and {upper}, middle {(1 + upper) // 2}. Reply with a number."
+    if env.task[1] > 1:
+        assert env.step("1")[0][0]["content"] == f"higher, between 2 and {upper}, middle {(2 + upper) // 2}"
+    for split in ("train", "test"):
+        for seed in range(60):
+            obs, _ = env.reset(seed=seed, options={"split": split})
+            text, turns = obs[-1]["content"], 0
+            while True:
+                middle = int(text.rsplit("middle ", 1)[1].split(".")[0])
+                assert str(middle) == env.expert_action()
+                obs, reward, terminated, truncated, info = env.step(str(middle))
+                turns, text = turns + 1, obs[-1]["content"]
+                if terminated or truncated:
+                    break
+                lo, hi = info["state_key"]
+                assert text.endswith(f"between {lo} and {hi}, middle {(lo + hi) // 2}")
+            assert info["success"] and turns <= 8, (split, seed)
+    assert GuessNumberEnv().reset(seed=0)[0][1]["content"].endswith("and 32. Reply with a number.")  # off by default
+    with pytest.raises(TypeError, match="show_middle must be a bool"):
+        GuessNumberEnv(show_middle=1)

@@ -91,7 +91,8 @@ from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
 from turnrl.envs.grid_moves import DIRECTIONS, MOVES, moves_instruction, parse_moves, random_moves
 from turnrl.tools import ParseResult, ToolResult
 
-__all__ = ["FrozenLakeEnv", "LakeMap", "generate_map", "parse_map", "shortest_path", "slippery_plan"]
+__all__ = ["FrozenLakeEnv", "LakeMap", "generate_map", "local_move", "local_solves", "parse_map", "shortest_path",
+           "slippery_plan"]
 
 START, GOAL, HOLE, ICE, PLAYER = "S", "G", "O", ".", "P"
 VIEWS = ("map", "local", "toward")
@@ -174,6 +175,15 @@ class LakeMap:
         goal = [f"{d} {move} ({cells[move]})" for d, move in toward if d]
         other = [f"{move} {cells[move]}" for move in MOVES if move not in {m for d, m in toward if d}]
         return f"Goal: {', '.join(goal) or 'here'}. Else: {', '.join(other)}."
+
+    def safe_toward(self, player: Pos) -> str:
+        """The moves toward the goal that step onto no hole, the larger offset first (vertical on a
+        tie): ``"Safe toward the goal: down."``, ``"... down, right."`` or ``"... none."``."""
+        (gr, gc), (r, c) = self.goal, player
+        toward = sorted(((abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")),
+                        key=lambda t: -t[0])
+        safe = [move for d, move in toward if d and self.cell(step_pos(self.size, player, move)) != HOLE]
+        return f"Safe toward the goal: {', '.join(safe) or 'none'}."
 
     def _find(self, symbol: str) -> Pos:
         for r, row in enumerate(self.rows):
@@ -283,6 +293,31 @@ def generate_map(rng: np.random.Generator, size: int, hole_prob: float, min_path
     return lake if path is not None and low <= len(path) <= high else None
 
 
+def local_move(lake: LakeMap, pos: Pos) -> str:
+    """The memoryless player of the local and toward views: a move toward the goal onto a cell
+    that is not a hole (along the larger offset first), else the first such move of ``MOVES``
+    that moves the player (sideways or back); ``MOVES[0]`` when every neighbour is a hole."""
+    (gr, gc), (r, c) = lake.goal, pos
+    toward = [(abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")]
+    preferred = [move for d, move in sorted(toward, key=lambda t: -t[0]) if d]
+    for move in (*preferred, *MOVES):
+        nxt = step_pos(lake.size, pos, move)
+        if nxt != pos and lake.cell(nxt) != HOLE:
+            return move
+    return MOVES[0]
+
+
+def local_solves(lake: LakeMap, max_turns: int) -> bool:
+    """Whether ``local_move``, played one move a turn from the start on firm ice, reaches the goal
+    within ``max_turns`` turns (it fails by walking in a loop: it has no memory)."""
+    pos = lake.start
+    for _ in range(max_turns):
+        pos = step_pos(lake.size, pos, local_move(lake, pos))
+        if pos == lake.goal:
+            return True
+    return False
+
+
 class FrozenLakeEnv(MultiTurnEnv):
     """Walk from the start to the goal of a text map without stepping into a hole.
 
@@ -306,13 +341,25 @@ class FrozenLakeEnv(MultiTurnEnv):
         weak_skill: Probability that ``weak_expert_action`` plays the better player's move (the
             expert's on the map view, ``local_action``'s on the others); None (default) is 0.4
             on the map view and 0.3 on the others.
+        show_safe: With ``view="local"`` or ``"toward"``, end each view with the moves toward the
+            goal that step onto no hole: ``"Safe toward the goal: down."`` (``none`` when both
+            are holes). The first one is ``local_move``'s move whenever there is one, so stepping
+            around a hole is a word copied from a fixed place, not a rule read off the cells: it
+            takes the reading out of the game and leaves the strategy (which cue to follow,
+            learned from the outcome reward alone), as ``GuessNumberEnv(show_middle=True)`` does.
+        local_solvable: Keep only maps on which ``local_move`` (the memoryless player of the
+            local and toward views) reaches the goal within ``max_turns`` (firm ice only). On the
+            other maps that player walks in a loop behind a wall of holes, which the local and
+            toward views do not show, so they cap what any policy reading only the current view
+            can win (0.78 on ``frozen_lake_long``'s maps without this); with it every failure is
+            a hole stepped into or a loop walked that the view could have avoided.
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     def __init__(self, size: int = 4, hole_prob: float = 0.25, *, is_slippery: bool = False,
                  moves_per_turn: int = 1, maps: Sequence[str] | None = None, max_turns: int | None = None,
                  min_path: int | None = None, view: str = "map", weak_skill: float | None = None,
-                 tool_parser: str = "hermes") -> None:
+                 show_safe: bool = False, local_solvable: bool = False, tool_parser: str = "hermes") -> None:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not MIN_SIZE <= size <= MAX_SIZE:
             raise ValueError(f"size must be an int in [{MIN_SIZE}, {MAX_SIZE}], got {size!r}")
         if not isinstance(hole_prob, (int, float)) or isinstance(hole_prob, bool) or not 0 <= hole_prob <= 0.6:
@@ -332,6 +379,17 @@ class FrozenLakeEnv(MultiTurnEnv):
         if isinstance(maps, str) or (maps is not None and not maps):
             raise ValueError(f"maps must be a non-empty sequence of map strings or None, got {maps!r}")
         self.maps = tuple(parse_map(m) for m in maps) if maps is not None else None
+        if not isinstance(local_solvable, bool):
+            raise TypeError(f"local_solvable must be a bool, got {type(local_solvable).__name__}")
+        if local_solvable and is_slippery:
+            raise ValueError("local_solvable=True needs firm ice (is_slippery=False): on slippery ice no "
+                             "player's walk is fixed by the map")
+        self.local_solvable = local_solvable
+        if not isinstance(show_safe, bool):
+            raise TypeError(f"show_safe must be a bool, got {type(show_safe).__name__}")
+        if show_safe and view == "map":
+            raise ValueError("show_safe=True needs view='local' or 'toward' (the map view shows every cell)")
+        self.show_safe = show_safe
         low, high = path_bounds(int(size))
         if min_path is not None and (not isinstance(min_path, (int, np.integer)) or isinstance(min_path, bool)
                                      or not low <= min_path <= high):
@@ -371,17 +429,22 @@ class FrozenLakeEnv(MultiTurnEnv):
     # ----------------------------------------------------------------- hooks
     def _new_task(self, rng: np.random.Generator, split: str) -> LakeMap:
         if self.maps is not None:
-            pool = [m for m in self.maps if m.split == split]
+            pool = [m for m in self.maps if m.split == split and self._accepts(m)]
             if not pool:
-                raise ValueError(f"none of the {len(self.maps)} given maps is in the {split!r} split "
+                kept = " that local_move solves (local_solvable=True)" if self.local_solvable else ""
+                raise ValueError(f"none of the {len(self.maps)} given maps{kept} is in the {split!r} split "
                                  f"(a map is test when crc32(map text) % {TEST_BUCKETS} == 0)")
             return pool[int(rng.integers(len(pool)))]
         for _ in range(MAX_DRAWS):
             lake = generate_map(rng, self.size, self.hole_prob, self.min_path)
-            if lake is not None and lake.split == split:
+            if lake is not None and lake.split == split and self._accepts(lake):
                 return lake
         raise RuntimeError(f"no {split!r} map found in {MAX_DRAWS} draws (size={self.size}, "
-                           f"hole_prob={self.hole_prob}); lower hole_prob")
+                           f"hole_prob={self.hole_prob}, local_solvable={self.local_solvable}); lower hole_prob")
+
+    def _accepts(self, lake: LakeMap) -> bool:
+        """Whether a map passes ``local_solvable`` (every map does when it is off)."""
+        return not self.local_solvable or local_solves(lake, self.max_turns)
 
     def _task_id(self, task: LakeMap) -> str:
         return f"frozen_lake-{task.text}"
@@ -424,7 +487,8 @@ class FrozenLakeEnv(MultiTurnEnv):
         lake: LakeMap = self._task
         if self.view == "map":
             return f"Map:\n{lake.render(self._pos)}"
-        return lake.render_local(self._pos) if self.view == "local" else lake.render_toward(self._pos)
+        view = lake.render_local(self._pos) if self.view == "local" else lake.render_toward(self._pos)
+        return f"{view} {lake.safe_toward(self._pos)}" if self.show_safe else view
 
     def _state_key(self) -> Pos:
         return self._pos
@@ -450,19 +514,9 @@ class FrozenLakeEnv(MultiTurnEnv):
         return ", ".join(path[: self.moves_per_turn])
 
     def local_action(self) -> str:
-        """The memoryless player of the local view: a move toward the goal onto a cell that is not
-        a hole (along the larger offset first), else the first such move of ``MOVES`` that
-        moves the player (sideways or back); one move per call."""
+        """The memoryless player of the local view (``local_move``); one move per call."""
         self._require_active("local_action()")
-        lake: LakeMap = self._task
-        (gr, gc), (r, c) = lake.goal, self._pos
-        toward = [(abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")]
-        preferred = [move for d, move in sorted(toward, key=lambda t: -t[0]) if d]
-        for move in (*preferred, *MOVES):
-            nxt = step_pos(lake.size, self._pos, move)
-            if nxt != self._pos and lake.cell(nxt) != HOLE:
-                return move
-        return MOVES[0]
+        return local_move(self._task, self._pos)
 
     def toward_action(self) -> str:
         """One move straight toward the goal along the larger offset, whatever lies there (the

@@ -13,7 +13,10 @@ Observation Space:
 
     * ``"higher, between {lo} and {hi}"`` if the secret is larger, ``"lower, between {lo}
       and {hi}"`` if smaller, where ``[lo, hi]`` is the interval still feasible after all
-      hints so far (the game keeps score, so an interval-to-guess rule solves it);
+      hints so far (the game keeps score, so an interval-to-guess rule solves it); with
+      ``show_middle=True`` followed by ``", middle {mid}"``, the interval's midpoint
+      ``(lo + hi) // 2`` (the first prompt too: ``"between 1 and {n}, middle {mid}."``), so
+      binary search is a number copied from the hint instead of one computed;
     * ``"correct"`` when guessed;
     * ``"Reply with one number between 1 and {n}."`` when no integer is found or it is
       out of range (the turn still counts).
@@ -72,19 +75,27 @@ class GuessNumberEnv(MultiTurnEnv):
         n: Largest upper bound of the secret's range.
         n_min: When set, each task draws its upper bound from ``[n_min, n]``; else it is ``n``.
         max_turns: Turn limit (default 6).
+        show_middle: Whether each hint (and the first prompt) also states the feasible
+            interval's midpoint, the expert's next guess. It takes the arithmetic out of the
+            game and leaves the strategy: a tiny model copies a number from its context in a
+            few steps, but has to learn which one to copy (the scan's ``lo`` or the middle)
+            from the outcome reward alone.
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
     """
 
     default_max_turns = 6
 
     def __init__(self, n: int = 32, n_min: int | None = None, *, max_turns: int | None = None,
-                 tool_parser: str = "hermes") -> None:
+                 show_middle: bool = False, tool_parser: str = "hermes") -> None:
         if not isinstance(n, (int, np.integer)) or n < 4:
             raise ValueError(f"n must be an int >= 4, got {n!r}")
         if n_min is not None and not (isinstance(n_min, (int, np.integer)) and 2 <= n_min <= n):
             raise ValueError(f"n_min must be an int in [2, n={n}] or None, got {n_min!r}")
         self.n = int(n)
         self.n_min = int(n_min) if n_min is not None else None
+        if not isinstance(show_middle, bool):
+            raise TypeError(f"show_middle must be a bool, got {type(show_middle).__name__}")
+        self.show_middle = show_middle
         super().__init__(tool_parser=tool_parser, max_turns=max_turns)
         self._upper, self._lo, self._hi = self.n, 1, self.n
 
@@ -114,7 +125,8 @@ class GuessNumberEnv(MultiTurnEnv):
         self._lo, self._hi = 1, self._upper
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Guess my number between 1 and {self._upper}. Reply with a number."},
+            {"role": "user", "content": f"Guess my number between 1 and {self._upper}{self._middle()}. "
+                                        "Reply with a number."},
         ]
 
     def _on_turn(self, action: str, parse: ParseResult, tool_results: tuple[ToolResult, ...]) -> TurnOutcome:
@@ -130,7 +142,12 @@ class GuessNumberEnv(MultiTurnEnv):
         else:
             self._hi = min(self._hi, guess - 1)
             direction = LOWER
-        return TurnOutcome(messages=(_user(HINT.format(direction=direction, lo=self._lo, hi=self._hi)),))
+        hint = HINT.format(direction=direction, lo=self._lo, hi=self._hi) + self._middle()
+        return TurnOutcome(messages=(_user(hint),))
+
+    def _middle(self) -> str:
+        """``", middle {mid}"`` of the feasible interval with ``show_middle``, else ``""``."""
+        return f", middle {(self._lo + self._hi) // 2}" if self.show_middle else ""
 
     def _state_key(self) -> tuple[int, int]:
         return (self._lo, self._hi)
