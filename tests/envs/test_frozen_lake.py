@@ -412,6 +412,8 @@ def test_hydra_long_horizon_config_builds_long_episodes():
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=["env=frozen_lake_long"]))
     assert cfg.agent.warmstart.player == "weak" and cfg.agent.warmstart.steps == 500
     env = env_factory(cfg)().unwrapped
-    assert (env.size, env.min_path, env.max_turns, env.view, env.weak_skill) == (7, 9, 18, "toward", 0.55)
+    assert (env.size, env.min_path, env.max_turns, env.view, env.weak_skill) == (7, 9, 18, "toward", 0.3)
+    assert env.show_safe and env.local_solvable and env.hole_prob == 0.15
     obs, info = env.reset(seed=0)
     assert obs[1]["content"].startswith("Goal: ") and len(shortest_path(env._task, env.position)) >= 9
+    assert "Safe toward the goal: " in obs[1]["content"] and local_solves(env._task, env.max_turns)
