@@ -167,9 +167,7 @@ class LakeMap:
         reads them. The goal's directions come first, the larger offset first (vertical on a
         tie), each with the cell one step that way; then the other moves in ``MOVES`` order, e.g.
         ``"Goal: 3 right (hole), 2 down (ice). Else: left ice, up edge."``"""
-        (gr, gc), (r, c) = self.goal, player
-        toward = sorted(((abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")),
-                        key=lambda t: -t[0])
+        toward = toward_moves(self.goal, player)
         cells = {move: ("edge" if (nxt := step_pos(self.size, player, move)) == player
                         else CELL_WORDS[self.cell(nxt)]) for move in MOVES}
         goal = [f"{d} {move} ({cells[move]})" for d, move in toward if d]
@@ -179,9 +177,7 @@ class LakeMap:
     def safe_toward(self, player: Pos) -> str:
         """The moves toward the goal that step onto no hole, the larger offset first (vertical on a
         tie): ``"Safe toward the goal: down."``, ``"... down, right."`` or ``"... none."``."""
-        (gr, gc), (r, c) = self.goal, player
-        toward = sorted(((abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")),
-                        key=lambda t: -t[0])
+        toward = toward_moves(self.goal, player)
         safe = [move for d, move in toward if d and self.cell(step_pos(self.size, player, move)) != HOLE]
         return f"Safe toward the goal: {', '.join(safe) or 'none'}."
 
@@ -190,6 +186,14 @@ class LakeMap:
             if symbol in row:
                 return r, row.index(symbol)
         raise ValueError(f"map {self.text!r} has no {symbol!r} cell")
+
+
+def toward_moves(goal: Pos, pos: Pos) -> list[tuple[int, str]]:
+    """``(distance, move)`` along each axis toward ``goal``, the larger offset first (vertical on
+    a tie); a distance of 0 means the player is level with the goal on that axis."""
+    (gr, gc), (r, c) = goal, pos
+    return sorted(((abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")),
+                  key=lambda t: -t[0])
 
 
 def step_pos(size: int, pos: Pos, move: str) -> Pos:
@@ -297,9 +301,7 @@ def local_move(lake: LakeMap, pos: Pos) -> str:
     """The memoryless player of the local and toward views: a move toward the goal onto a cell
     that is not a hole (along the larger offset first), else the first such move of ``MOVES``
     that moves the player (sideways or back); ``MOVES[0]`` when every neighbour is a hole."""
-    (gr, gc), (r, c) = lake.goal, pos
-    toward = [(abs(gr - r), "down" if gr > r else "up"), (abs(gc - c), "right" if gc > c else "left")]
-    preferred = [move for d, move in sorted(toward, key=lambda t: -t[0]) if d]
+    preferred = [move for d, move in toward_moves(lake.goal, pos) if d]
     for move in (*preferred, *MOVES):
         nxt = step_pos(lake.size, pos, move)
         if nxt != pos and lake.cell(nxt) != HOLE:
