@@ -97,6 +97,14 @@ def _run(method, seed, curve, env="lake", tokens=1000, wall=10.0):
                      sampled_episodes=4 * curve[-1][0], sampled_tokens=tokens)
 
 
+def test_seeds_ahead_and_behind_count_only_paired_seeds_and_not_ties():
+    base = [_run("grpo", s, [(0, 0.1), (1, 0.4)]) for s in range(3)]
+    other = [_run("rloo", 0, [(0, 0.1), (1, 0.5)]), _run("rloo", 1, [(0, 0.1), (1, 0.4)]),
+             _run("rloo", 2, [(0, 0.1), (1, 0.3)]), _run("rloo", 7, [(0, 0.1), (1, 0.9)])]  # seed 7: unpaired
+    _, rloo = summarize(base + other, "grpo", {"lake": 0.5})
+    assert (rloo.ahead, rloo.behind) == (1, 1)  # seed 0 above, seed 1 equal, seed 2 below
+
+
 def test_the_summary_pairs_each_method_with_the_baseline_per_env():
     records = [_run("grpo", 0, [(0, 0.1), (1, 0.2), (2, 0.3)]), _run("grpo", 1, [(0, 0.1), (1, 0.5), (2, 0.5)]),
                _run("gigpo", 0, [(0, 0.1), (1, 0.6), (2, 0.6)], tokens=3000),
@@ -108,6 +116,7 @@ def test_the_summary_pairs_each_method_with_the_baseline_per_env():
     base = [r.after for r in records[:2]]
     assert gigpo.diff.mean == pytest.approx(np.mean(np.subtract(per_seed, base)))
     assert gigpo.diff.low <= gigpo.diff.mean <= gigpo.diff.high
+    assert (gigpo.ahead, gigpo.behind, grpo.ahead, grpo.behind) == (1, 1, 0, 0)  # 0.43 > 0.2; 0.33 < 0.37
     assert (grpo.samples_median, grpo.reached) == (None, 1)  # seed 1 at step 1, seed 0 never: 1 of 2
     assert (gigpo.samples_median, gigpo.reached) == (6.0, 2)  # steps 1 and 2 -> 4 and 8 episodes
     assert gigpo.auc.mean == pytest.approx(np.mean([auc(r.evals) for r in records[2:]]))

@@ -149,6 +149,8 @@ def test_the_reports_hold_every_run_and_differences_consistent_with_them(tmp_pat
     assert summaries[1].diff.mean == pytest.approx(statistics.fmean(diffs))
     table = (tmp_path / "table.md").read_text()
     assert "## guess" in table and "| grpo | 2 | 0.22 [" in table and "| baseline |" in table
+    assert "| seeds ahead / behind |" in table and "| baseline |  |" in table
+    assert (summary["rloo"]["seeds_ahead"], summary["rloo"]["seeds_behind"]) == ("1", "1")
     assert "episodes to 0.3 (seeds reached)" in table and "| 6 (2/2) |" in table and "| not reached (1/2) |" in table
     page = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64," in page and "runs/rloo/1" in page and "bootstrap" in page

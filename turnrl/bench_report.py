@@ -173,7 +173,7 @@ def html_report(records: list[RunRecord], title: str, plot_path: str | Path, pat
 
 
 # ------------------------------------------------------------------------- the suite's tables
-SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI]",
+SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI]", "seeds ahead / behind",
               "episodes to {threshold:g} (seeds reached)", "AUC [95% CI]", "tokens / run", "wall time / run"]
 
 
@@ -194,6 +194,7 @@ def suite_rows(summaries: Sequence[MethodSummary]) -> dict[str, list[list[str]]]
         tables.setdefault(m.env, []).append([
             m.method, str(len(m.seeds)), m.final.format(),
             "baseline" if m.diff is None else m.diff.format(signed=True),
+            "" if m.diff is None else f"{m.ahead} / {m.behind}",
             f"{samples} ({m.reached}/{len(m.seeds)})", m.auc.format(), _count(m.tokens), f"{m.wall_s:.0f} s"])
     return tables
 
@@ -248,7 +249,7 @@ def summary_csv_rows(summaries: Sequence[MethodSummary]) -> list[dict]:
         return {f"{name}_mean": i.mean, f"{name}_low": i.low, f"{name}_high": i.high}
 
     return [{"env": m.env, "method": m.method, "seeds": len(m.seeds), **bounds("final", m.final),
-             **bounds("diff", m.diff), **bounds("auc", m.auc), "threshold": m.threshold,
+             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind, **bounds("auc", m.auc), "threshold": m.threshold,
              "episodes_to_threshold_median": m.samples_median, "seeds_reached": m.reached,
              "sampled_tokens_mean": m.tokens, "wall_s_mean": round(m.wall_s, 1)} for m in summaries]
 
@@ -260,7 +261,8 @@ def suite_html(summaries: Sequence[MethodSummary], records: Sequence[RunRecord],
     intro = (f"<p>Held-out success is greedy decoding on each env's test split. Final success is the mean of a "
              f"run's last 3 evaluations; AUC the mean over all its evaluations. Every interval is a 95% percentile "
              f"bootstrap interval of the mean over seeds (n/a with one seed); the difference against "
-             f"{html.escape(baseline)} pairs runs of the same seed. Episodes to the threshold: the median over seeds "
+             f"{html.escape(baseline)} pairs runs of the same seed, and the seeds ahead / behind count those pairs "
+             f"whose final success is above / below {html.escape(baseline)}'s. Episodes to the threshold: the median over seeds "
              f"of the episodes sampled until held-out success first reached it (a seed that never did counts as "
              f"infinitely many). Plot: {html.escape(caption)}.</p>")
     tables = "".join(f"<h2>{html.escape(env)}</h2>" + html_table(suite_head(baseline, thresholds[env]), rows)

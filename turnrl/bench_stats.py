@@ -174,6 +174,10 @@ class MethodSummary:
     final: Interval
     # seed-matched final - baseline's final; None for the baseline itself
     diff: Interval | None
+    # of the seeds paired with the baseline's: how many end above it and how many below (an equal
+    # final, e.g. a method that reduces to the baseline, counts as neither); 0 for the baseline
+    ahead: int
+    behind: int
     # success threshold of samples_to_threshold, and its median over seeds (None: not reached)
     threshold: float
     samples_median: float | None
@@ -221,13 +225,16 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
             raise ValueError(f"no success threshold for env {env!r} (thresholds for {sorted(thresholds)})")
         final = {s: r.after for s, r in runs.items()}
         base = by_cell.get((env, baseline))
-        diff = None
+        diff, ahead, behind = None, 0, 0
         if method != baseline and base is not None:
-            diff = paired_ci(final, {s: r.after for s, r in base.items()}, seed=seed)
+            base_final = {s: r.after for s, r in base.items()}
+            diff = paired_ci(final, base_final, seed=seed)
+            deltas = paired_differences(final, base_final).values()
+            ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
         samples = [samples_to_threshold(r.evals, thresholds[env], r.episodes_per_step) for r in runs.values()]
         out.append(MethodSummary(
             env=env, method=method, seeds=tuple(sorted(runs)), final=bootstrap_ci(list(final.values()), seed=seed),
-            diff=diff, threshold=thresholds[env], samples_median=median_samples(samples),
+            diff=diff, ahead=ahead, behind=behind, threshold=thresholds[env], samples_median=median_samples(samples),
             reached=sum(s is not None for s in samples),
             auc=bootstrap_ci([auc(r.evals) for r in runs.values()], seed=seed),
             tokens=float(np.mean([r.sampled_tokens for r in runs.values()])),
