@@ -249,7 +249,8 @@ def summary_csv_rows(summaries: Sequence[MethodSummary]) -> list[dict]:
         return {f"{name}_mean": i.mean, f"{name}_low": i.low, f"{name}_high": i.high}
 
     return [{"env": m.env, "method": m.method, "seeds": len(m.seeds), **bounds("final", m.final),
-             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind, **bounds("auc", m.auc), "threshold": m.threshold,
+             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind, **bounds("auc", m.auc),
+             "threshold": m.threshold,
              "episodes_to_threshold_median": m.samples_median, "seeds_reached": m.reached,
              "sampled_tokens_mean": m.tokens, "wall_s_mean": round(m.wall_s, 1)} for m in summaries]
 
@@ -262,9 +263,9 @@ def suite_html(summaries: Sequence[MethodSummary], records: Sequence[RunRecord],
              f"run's last 3 evaluations; AUC the mean over all its evaluations. Every interval is a 95% percentile "
              f"bootstrap interval of the mean over seeds (n/a with one seed); the difference against "
              f"{html.escape(baseline)} pairs runs of the same seed, and the seeds ahead / behind count those pairs "
-             f"whose final success is above / below {html.escape(baseline)}'s. Episodes to the threshold: the median over seeds "
-             f"of the episodes sampled until held-out success first reached it (a seed that never did counts as "
-             f"infinitely many). Plot: {html.escape(caption)}.</p>")
+             f"whose final success is above / below {html.escape(baseline)}'s. Episodes to the threshold: the median "
+             f"over seeds of the episodes sampled until held-out success first reached it (a seed that never did "
+             f"counts as infinitely many). Plot: {html.escape(caption)}.</p>")
     tables = "".join(f"<h2>{html.escape(env)}</h2>" + html_table(suite_head(baseline, thresholds[env]), rows)
                      for env, rows in suite_rows(summaries).items())
     runs = run_rows(records, baseline, thresholds)
