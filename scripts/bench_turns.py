@@ -15,11 +15,24 @@ and the growth exponent of time in turns (the slope of log time on log turns, fr
 to the largest count): about 1 when a turn costs the same however long the history, toward 2
 when each turn runs the model over the whole history again.
 
-The raw-generate column is one ``model.generate`` call (sampling, KV cache) over the same
-batch: the episodes' first prompts, left-padded, with as many new tokens as an episode sampled
-in all its turns (``min_new_tokens`` = ``max_new_tokens``). Its sampled tokens per second
-against the collector's (prefix cache on) is the price of running an episode turn by turn:
-stepping the envs, rendering observations, and running the model over each observation.
+Two raw ``model.generate`` baselines (sampling, transformers' own KV cache), same batch:
+
+* "first prompt only": one call over the episodes' first prompts, left-padded, with as many new
+  tokens as an episode sampled in all its turns (``min_new_tokens`` = ``max_new_tokens``). It
+  never reads an observation, so it attends over ~5x fewer tokens than the episodes hold.
+* "per turn": what a hand-written transformers loop does. One call per turn over the same
+  observation tokens the collector's episodes read (cut from their trajectories, between the
+  sampled spans), each call continuing the previous one's ``past_key_values`` (rows padded in
+  the middle, masked out), ``max_new_tokens`` new tokens a turn. Same batch shape, same
+  observations, same new tokens per turn; no env, no renderer, no parsing.
+
+Each ratio is the collector's sampled tokens per second (prefix cache on) over the baseline's.
+
+Work exponent: the growth exponent of the model's own arithmetic per episode (the floor for any
+implementation that runs each token once): ``2 x`` the layers' weights per token run, ``4 x``
+the query width x layers x context per token (attention reads every earlier token), and the
+LM head per sampled token. Attention makes it over 1 by itself; the time exponent is compared
+with it.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed batches per mode and turn count")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=TinyModelConfig.intermediate_size, help="MLP width")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads")
     parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args(argv)
@@ -80,18 +95,67 @@ def raw_generate(model, tokenizer, renderer, tasks, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def observations(trajectory) -> list[list[int]]:
+    """The ids an episode's sampler read before each turn: the first prompt, then the template
+    and observation ids between one turn's sampled span and the next."""
+    ids, cuts = trajectory.token_ids, [0] + [end for _, end in trajectory.turn_spans]
+    return [list(ids[prev:start]) for prev, (start, _) in zip(cuts, trajectory.turn_spans)]
+
+
+def raw_turns(model, pad_id: int, trajectories, new_tokens: int) -> tuple[float, int]:
+    """Seconds and sampled tokens of a hand-written per-turn ``model.generate`` loop over the
+    trajectories' observations (see the module docstring): ``new_tokens`` a turn, every row every
+    turn (a row out of turns gets an empty observation)."""
+    reads = [observations(t) for t in trajectories]
+    turns, batch = max(len(r) for r in reads), len(reads)
+    ids = torch.zeros((batch, 0), dtype=torch.long)
+    mask = torch.zeros((batch, 0), dtype=torch.long)
+    cache = DynamicCache()
+    start = time.perf_counter()
+    with torch.no_grad():
+        for k in range(turns):
+            parts = [r[k] if k < len(r) else [] for r in reads]
+            width = max(len(p) for p in parts)
+            block = torch.tensor([[pad_id] * (width - len(p)) + p for p in parts], dtype=torch.long)
+            block_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in parts], dtype=torch.long)
+            ids, mask = torch.cat([ids, block], 1), torch.cat([mask, block_mask], 1)
+            out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=True,
+                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, pad_token_id=pad_id, return_dict_in_generate=True)
+            ids, cache = out.sequences, out.past_key_values
+            mask = torch.cat([mask, torch.ones((batch, new_tokens), dtype=torch.long)], 1)
+    return time.perf_counter() - start, batch * turns * new_tokens
+
+
+def episode_flops(model, trajectories) -> float:
+    """Mean model arithmetic of an episode run once through a prefix-cached sampler (see the
+    module docstring): ``2 P T + 4 L W T (T - 1) / 2 + 2 H S`` for ``T`` tokens, ``S`` sampled,
+    layer weights ``P``, query width ``W``, ``L`` layers and LM-head weights ``H``."""
+    config = model.config
+    layer_weights = sum(p.numel() for p in model.model.layers.parameters())
+    width = config.num_attention_heads * (getattr(config, "head_dim", None)
+                                          or config.hidden_size // config.num_attention_heads)
+    head = model.lm_head.weight.numel()
+    total = 0.0
+    for t in trajectories:
+        n, sampled = len(t.token_ids), sum(t.loss_mask)
+        total += 2 * layer_weights * n + 4 * config.num_hidden_layers * width * n * (n - 1) / 2 + 2 * head * sampled
+    return total / len(trajectories)
+
+
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
     tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)
     renderer = ChatRenderer(tokenizer)
-    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers, max_positions=8192)
+    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers,
+                          intermediate_size=args.intermediate_size, max_positions=8192)
     model = build_tiny_model(cfg, tokenizer, seed=0).eval()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     tasks = [Task(seed) for seed in range(args.episodes)]
     rows = []
     for turns in args.turns:
-        times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate")}
+        times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate", "generate per turn")}
         for repeat in range(args.repeats + 1):  # the first round warms up (and counts the tokens)
             for mode, (cached, buffered) in MODES.items():
                 policy = TransformersPolicy(model, tokenizer, seed=repeat, prefix_cache=cached, kv_buffer=buffered)
@@ -104,19 +168,29 @@ def run(args) -> dict:
                 n = len(trajectories)
                 row = {"turns": turns, "played_turns": sum(t.num_turns for t in trajectories) / n,
                        "episode_tokens": sum(len(t.token_ids) for t in trajectories) / n,
-                       "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n)}
+                       "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n),
+                       "flops": episode_flops(model, trajectories)}
+                replayed = trajectories
             times["generate"].append(raw_generate(model, tokenizer, renderer, tasks, row["sampled_tokens"]))
+            seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed, args.max_new_tokens)
+            times["generate per turn"].append(seconds)
         for mode, seconds in times.items():
             row[mode] = statistics.median(seconds[1:]) / args.episodes
         row["speedup"] = row["whole prefill"] / row["prefix cache"]
         row["buffer_speedup"] = row["cache, KV concatenated"] / row["prefix cache"]
         row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
+        # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
+        row["raw_sampled_tokens"] = raw_sampled / args.episodes
+        row["collector_vs_turn_generate"] = ((row["sampled_tokens"] / row["prefix cache"])
+                                             / (row["raw_sampled_tokens"] / row["generate per turn"]))
         rows.append(row)
         print(f"  {turns} turns: {row['prefix cache']:.3f} s vs {row['whole prefill']:.3f} s per episode "
               f"(raw generate {row['generate']:.3f} s)", flush=True)
     xs = [r["played_turns"] for r in rows]
-    growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in MODES}
+    growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in (*MODES, "generate per turn")}
+    growth["work"] = growth_exponent(xs, [r["flops"] for r in rows])
     setup = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "threads": args.threads,
+             "hidden_size": args.hidden_size, "layers": args.layers, "intermediate_size": args.intermediate_size,
              "episodes": args.episodes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
              "torch": torch.__version__}
     return {"setup": setup, "rows": rows, "exponent": growth}
@@ -128,14 +202,18 @@ def print_table(result: dict) -> None:
           f"batch, {s['max_new_tokens']} new tokens per turn, {s['threads']} threads, median of {s['repeats']}, "
           f"torch {s['torch']}")
     print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'KV concatenated s/ep':>21} "
-          f"{'whole prefill s/ep':>19} {'speed-up':>9} {'raw generate s/ep':>18} {'collector/generate':>19}")
+          f"{'whole prefill s/ep':>19} {'speed-up':>9} {'generate, 1st prompt s/ep':>26} {'collector/it':>13} "
+          f"{'generate per turn s/ep':>23} {'collector/it':>13}")
     for r in result["rows"]:
         print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} "
               f"{r['prefix cache']:>18.3f} {r['cache, KV concatenated']:>21.3f} {r['whole prefill']:>19.3f} "
-              f"{r['speedup']:>8.2f}x {r['generate']:>18.3f} {r['collector_vs_generate']:>18.2f}x")
+              f"{r['speedup']:>8.2f}x {r['generate']:>26.3f} {r['collector_vs_generate']:>12.2f}x "
+              f"{r['generate per turn']:>23.3f} {r['collector_vs_turn_generate']:>12.2f}x")
+    print("collector/it: the collector's sampled tokens per second over the baseline's")
     e = result["exponent"]
     print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
-          f"KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}")
+          f"KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}, "
+          f"generate per turn {e['generate per turn']:.2f}; the work itself (model FLOPs) {e['work']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

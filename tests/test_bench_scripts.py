@@ -21,7 +21,7 @@ def run_script(name: str, *args: str, out: Path) -> tuple[str, dict]:
 def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(tmp_path):
     stdout, result = run_script("bench_turns.py", "--turns", "2,4", "--episodes", "2", "--repeats", "1",
                                 "--hidden-size", "32", out=tmp_path / "turns.json")
-    assert "growth exponent in turns" in stdout and "collector/generate" in stdout
+    assert "growth exponent in turns" in stdout and "generate per turn" in stdout and "model FLOPs" in stdout
     rows = result["rows"]
     assert [r["turns"] for r in rows] == [2, 4]
     for r in rows:
@@ -29,8 +29,46 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
         assert r["prefix cache"] > 0 and r["whole prefill"] > 0 and r["generate"] > 0
         assert r["speedup"] == pytest.approx(r["whole prefill"] / r["prefix cache"])
         assert r["buffer_speedup"] == pytest.approx(r["cache, KV concatenated"] / r["prefix cache"])
+        # every row samples 8 tokens a turn, for as many turns as the batch's longest episode
+        assert r["raw_sampled_tokens"] % 8 == 0 and r["played_turns"] * 8 <= r["raw_sampled_tokens"] <= 8 * r["turns"]
+        assert r["collector_vs_turn_generate"] == pytest.approx(
+            (r["sampled_tokens"] / r["prefix cache"]) / (r["raw_sampled_tokens"] / r["generate per turn"]))
     assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
-    assert set(result["exponent"]) == {"prefix cache", "cache, KV concatenated", "whole prefill"}
+    assert rows[1]["flops"] > rows[0]["flops"] > 0
+    assert set(result["exponent"]) == {"prefix cache", "cache, KV concatenated", "whole prefill", "generate per turn",
+                                       "work"}
+
+
+def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithmetic():
+    """The per-turn baseline reads exactly the ids the collector's sampler read between its
+    replies, and the work count adds up each token's layers, attention over its context and the
+    LM head of each sampled token."""
+    import importlib.util
+
+    from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy
+    from turnrl.agents import build_tiny_model, build_tokenizer
+    from turnrl.agents.scripted import corpus_texts
+    from turnrl.envs import GuessNumberEnv
+    from turnrl.rollout import RolloutCollector, Task
+
+    spec = importlib.util.spec_from_file_location("bench_turns", ROOT / "scripts" / "bench_turns.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tokenizer = build_tokenizer(corpus_texts(GuessNumberEnv(n=1000), range(5)), vocab_size=800, max_number=255)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, max_positions=4096), tokenizer, seed=0).eval()
+    collector = RolloutCollector(lambda: GuessNumberEnv(n=1000, max_turns=3), TransformersPolicy(model, tokenizer),
+                                 ChatRenderer(tokenizer))
+    trajectories = collector.collect([Task(0), Task(1)], 1, SamplingParams(max_new_tokens=6))
+    for t in trajectories:
+        reads = bench.observations(t)
+        assert len(reads) == t.num_turns and all(reads)
+        rebuilt = [i for read, (start, end) in zip(reads, t.turn_spans) for i in read + list(t.token_ids[start:end])]
+        assert rebuilt == list(t.token_ids[:t.turn_spans[-1][1]])
+    layers = sum(p.numel() for p in model.model.layers.parameters())
+    width, head = 32, model.lm_head.weight.numel()  # 4 heads of 8
+    by_token = [sum(2 * layers + 4 * 2 * width * position for position in range(len(t.token_ids)))
+                + 2 * head * sum(t.loss_mask) for t in trajectories]
+    assert bench.episode_flops(model, trajectories) == pytest.approx(sum(by_token) / 2)
 
 
 def test_bench_learner_loop_times_the_learner_against_bare_torch_loops(tmp_path):
