@@ -103,7 +103,8 @@ def test_bench_sandbox_compares_bare_subprocesses_with_each_sandbox_mode(tmp_pat
                            "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert "sandbox, warm per episode (pool=episode)" in proc.stdout and "(pool=recycle)" in proc.stdout and "vs bare" in proc.stdout
+    assert "sandbox, warm per episode (pool=episode)" in proc.stdout
+    assert "(pool=recycle)" in proc.stdout and "vs bare" in proc.stdout
     assert set(result["rows"]) == {"bare", "off", "call", "episode", "recycle"}
     assert result["pools"]["recycle"]["recycled"] > 0 == result["pools"]["episode"]["recycled"]
     for side, row in result["rows"].items():
