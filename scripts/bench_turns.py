@@ -28,11 +28,13 @@ Two raw ``model.generate`` baselines (sampling, transformers' own KV cache), sam
 
 Each ratio is the collector's sampled tokens per second (prefix cache on) over the baseline's.
 
-Work exponent: the growth exponent of the model's own arithmetic per episode (the floor for any
-implementation that runs each token once): ``2 x`` the layers' weights per token run, ``4 x``
-the query width x layers x context per token (attention reads every earlier token), and the
-LM head per sampled token. Attention makes it over 1 by itself; the time exponent is compared
-with it.
+Work exponents: what any implementation that runs each token once must do per episode, and how
+it grows in turns. Arithmetic ("FLOPs"): ``2 x`` the layers' weights per token run, ``4 x`` the
+query width x layers x context per token (attention over every earlier token), and the LM head
+per sampled token. Memory traffic ("bytes"), what bounds decoding on a CPU: each forward call
+reads the weights once for the whole batch (one call per decoded token and one per turn's
+prefill) and every row's cached keys and values once. Attention makes both grow faster than
+the tokens; the time's exponent is compared with them.
 """
 
 from __future__ import annotations
@@ -143,6 +145,24 @@ def episode_flops(model, trajectories) -> float:
     return total / len(trajectories)
 
 
+def episode_bytes(model, trajectories) -> float:
+    """Mean memory read per episode (see the module docstring): every forward call, the batch's
+    prefill of a turn and each decoding step, reads the weights once for the batch (``1/B`` of
+    them per episode) and the row's keys and values of every position before the call's first
+    new token. ``2 x kv_heads x head_dim x layers`` elements a position."""
+    config = model.config
+    size = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * size / len(trajectories)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_position = 2 * config.num_key_value_heads * head_dim * config.num_hidden_layers * size
+    total = 0.0
+    for t in trajectories:
+        for start, end in t.turn_spans:  # a prefill reads the cache up to its turn's prompt, a step up to its token
+            total += weights + per_position * start
+            total += sum(weights + per_position * position for position in range(start, end - 1))
+    return total / len(trajectories)
+
+
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
@@ -169,7 +189,7 @@ def run(args) -> dict:
                 row = {"turns": turns, "played_turns": sum(t.num_turns for t in trajectories) / n,
                        "episode_tokens": sum(len(t.token_ids) for t in trajectories) / n,
                        "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n),
-                       "flops": episode_flops(model, trajectories)}
+                       "flops": episode_flops(model, trajectories), "bytes": episode_bytes(model, trajectories)}
                 replayed = trajectories
             times["generate"].append(raw_generate(model, tokenizer, renderer, tasks, row["sampled_tokens"]))
             seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed, args.max_new_tokens)
@@ -189,6 +209,7 @@ def run(args) -> dict:
     xs = [r["played_turns"] for r in rows]
     growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in (*MODES, "generate per turn")}
     growth["work"] = growth_exponent(xs, [r["flops"] for r in rows])
+    growth["traffic"] = growth_exponent(xs, [r["bytes"] for r in rows])
     setup = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "threads": args.threads,
              "hidden_size": args.hidden_size, "layers": args.layers, "intermediate_size": args.intermediate_size,
              "episodes": args.episodes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
@@ -213,7 +234,8 @@ def print_table(result: dict) -> None:
     e = result["exponent"]
     print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
           f"KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}, "
-          f"generate per turn {e['generate per turn']:.2f}; the work itself (model FLOPs) {e['work']:.2f}")
+          f"generate per turn {e['generate per turn']:.2f}; the work itself: model FLOPs {e['work']:.2f}, "
+          f"memory read {e['traffic']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

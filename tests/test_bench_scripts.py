@@ -34,9 +34,9 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
         assert r["collector_vs_turn_generate"] == pytest.approx(
             (r["sampled_tokens"] / r["prefix cache"]) / (r["raw_sampled_tokens"] / r["generate per turn"]))
     assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
-    assert rows[1]["flops"] > rows[0]["flops"] > 0
+    assert rows[1]["flops"] > rows[0]["flops"] > 0 and rows[1]["bytes"] > rows[0]["bytes"] > 0
     assert set(result["exponent"]) == {"prefix cache", "cache, KV concatenated", "whole prefill", "generate per turn",
-                                       "work"}
+                                       "work", "traffic"}
 
 
 def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithmetic():
@@ -69,6 +69,14 @@ def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithm
     by_token = [sum(2 * layers + 4 * 2 * width * position for position in range(len(t.token_ids)))
                 + 2 * head * sum(t.loss_mask) for t in trajectories]
     assert bench.episode_flops(model, trajectories) == pytest.approx(sum(by_token) / 2)
+    # memory read: turn 1 samples positions 3-4 (a prefill over 3 cached positions, then one step
+    # feeding position 3), turn 2 samples position 8 (its prefill only); float32 weights read
+    # once per call, 2 x 2 kv heads x 8 dims x 2 layers x 4 bytes = 256 bytes a cached position
+    from types import SimpleNamespace
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    one = SimpleNamespace(turn_spans=[(3, 5), (8, 9)])
+    assert bench.episode_bytes(model, [one]) == pytest.approx(3 * weights + (3 + 3 + 8) * 256)
+    assert bench.episode_bytes(model, [one, one]) == pytest.approx(3 * weights / 2 + (3 + 3 + 8) * 256)
 
 
 def test_bench_learner_loop_times_the_learner_against_bare_torch_loops(tmp_path):
