@@ -1,8 +1,8 @@
 """Rollout time against turns per episode, with and without the transformers backend's prefix
-cache (the keys and values of an episode's history kept across its turns), with the cache's keys
-and values written in place (``kv_buffer``, the default) or concatenated per token
-(transformers' ``DynamicCache``), and against one raw ``model.generate`` of the same tokens,
-side by side.
+cache (the keys and values of an episode's history kept across its turns): kept in rows of one
+buffer (``turnrl.agents.row_cache``, the default), copied into each call's buffer and out again
+(``row_cache=False``), or with keys and values concatenated per token (transformers'
+``DynamicCache``); and against raw ``model.generate`` loops of the same tokens, side by side.
 
     .venv/bin/python scripts/bench_turns.py [--turns 4,8,16,32] [--episodes 16] [--json out.json]
 
@@ -59,8 +59,11 @@ from turnrl.bench_stats import emit, growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 
-# mode: (prefix_cache, kv_buffer) of TransformersPolicy
-MODES = {"prefix cache": (True, True), "cache, KV concatenated": (True, False), "whole prefill": (False, True)}
+# mode: TransformersPolicy's options
+MODES = {"prefix cache": {},
+         "cache, copied per call": {"row_cache": False},
+         "cache, KV concatenated": {"kv_buffer": False},
+         "whole prefill": {"prefix_cache": False}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,8 +180,8 @@ def run(args) -> dict:
     for turns in args.turns:
         times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate", "generate per turn")}
         for repeat in range(args.repeats + 1):  # the first round warms up (and counts the tokens)
-            for mode, (cached, buffered) in MODES.items():
-                policy = TransformersPolicy(model, tokenizer, seed=repeat, prefix_cache=cached, kv_buffer=buffered)
+            for mode, options in MODES.items():
+                policy = TransformersPolicy(model, tokenizer, seed=repeat, **options)
                 collector = RolloutCollector(lambda t=turns: GuessNumberEnv(n=1000, max_turns=t), policy, renderer,
                                              max_context_tokens=65536)
                 start = time.perf_counter()
@@ -198,6 +201,7 @@ def run(args) -> dict:
             row[mode] = statistics.median(seconds[1:]) / args.episodes
         row["speedup"] = row["whole prefill"] / row["prefix cache"]
         row["buffer_speedup"] = row["cache, KV concatenated"] / row["prefix cache"]
+        row["rows_speedup"] = row["cache, copied per call"] / row["prefix cache"]
         row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
         # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
         row["raw_sampled_tokens"] = raw_sampled / args.episodes
@@ -222,18 +226,20 @@ def print_table(result: dict) -> None:
     print(f"rollout time vs turns: tiny Qwen2 {s['params_m']:.2f}M params, {s['episodes']} GuessNumber episodes per "
           f"batch, {s['max_new_tokens']} new tokens per turn, {s['threads']} threads, median of {s['repeats']}, "
           f"torch {s['torch']}")
-    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'KV concatenated s/ep':>21} "
+    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'copied per call s/ep':>21} "
+          f"{'KV concatenated s/ep':>21} "
           f"{'whole prefill s/ep':>19} {'speed-up':>9} {'generate, 1st prompt s/ep':>26} {'collector/it':>13} "
           f"{'generate per turn s/ep':>23} {'collector/it':>13}")
     for r in result["rows"]:
         print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} "
-              f"{r['prefix cache']:>18.3f} {r['cache, KV concatenated']:>21.3f} {r['whole prefill']:>19.3f} "
+              f"{r['prefix cache']:>18.3f} {r['cache, copied per call']:>21.3f} "
+              f"{r['cache, KV concatenated']:>21.3f} {r['whole prefill']:>19.3f} "
               f"{r['speedup']:>8.2f}x {r['generate']:>26.3f} {r['collector_vs_generate']:>12.2f}x "
               f"{r['generate per turn']:>23.3f} {r['collector_vs_turn_generate']:>12.2f}x")
     print("collector/it: the collector's sampled tokens per second over the baseline's")
     e = result["exponent"]
     print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
-          f"KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}, "
+          f"copied per call {e['cache, copied per call']:.2f}, KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}, "
           f"generate per turn {e['generate per turn']:.2f}; the work itself: model FLOPs {e['work']:.2f}, "
           f"memory read {e['traffic']:.2f}")
 

@@ -29,14 +29,15 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
         assert r["prefix cache"] > 0 and r["whole prefill"] > 0 and r["generate"] > 0
         assert r["speedup"] == pytest.approx(r["whole prefill"] / r["prefix cache"])
         assert r["buffer_speedup"] == pytest.approx(r["cache, KV concatenated"] / r["prefix cache"])
+        assert r["rows_speedup"] == pytest.approx(r["cache, copied per call"] / r["prefix cache"])
         # every row samples 8 tokens a turn, for as many turns as the batch's longest episode
         assert r["raw_sampled_tokens"] % 8 == 0 and r["played_turns"] * 8 <= r["raw_sampled_tokens"] <= 8 * r["turns"]
         assert r["collector_vs_turn_generate"] == pytest.approx(
             (r["sampled_tokens"] / r["prefix cache"]) / (r["raw_sampled_tokens"] / r["generate per turn"]))
     assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
     assert rows[1]["flops"] > rows[0]["flops"] > 0 and rows[1]["bytes"] > rows[0]["bytes"] > 0
-    assert set(result["exponent"]) == {"prefix cache", "cache, KV concatenated", "whole prefill", "generate per turn",
-                                       "work", "traffic"}
+    assert set(result["exponent"]) == {"prefix cache", "cache, copied per call", "cache, KV concatenated",
+                                       "whole prefill", "generate per turn", "work", "traffic"}
 
 
 def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithmetic():

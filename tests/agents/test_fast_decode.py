@@ -41,12 +41,15 @@ ARCHS = {
 }
 
 
+@pytest.mark.parametrize("attend", ["sdpa", "bmm"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch, fused, monkeypatch):
+def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch, fused, attend, monkeypatch):
     """Both weight layouts (query/key/value and gate/up concatenated on small models, the
-    modules' own weights on large ones), past the rotary table's first size."""
+    modules' own weights on large ones) and both attentions (SDPA; two matrix products over a
+    long history), past the rotary table's first size."""
     monkeypatch.setattr(fast_decode, "FUSE_MAX_PARAMETERS", 10**9 if fused else 0)
+    monkeypatch.setattr(fast_decode, "BMM_MIN_KEYS", 10**9 if attend == "sdpa" else 0)
     model = ARCHS[arch]()
     step = DecodeStep.for_model(model)
     assert step is not None

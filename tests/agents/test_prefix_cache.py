@@ -82,14 +82,16 @@ def test_a_weight_change_drops_the_cache(policy_model, tokenizer, renderer):
     assert again.token_ids == fresh.generate([follow_up], SamplingParams(max_new_tokens=4, greedy=True))[0].token_ids
 
 
-def generate_recording_calls(model, tokenizer, prompts, params, seed):
-    """Generations of a ``TransformersPolicy`` (no prefix cache) and the ``input_ids`` shape of
-    each model call it made (a hook turns ``DecodeStep`` off: decoded tokens are calls too)."""
+def generate_recording_calls(model, tokenizer, prompts, params, seed, prefix_cache=False):
+    """Generations of a new ``TransformersPolicy`` (with a prefix cache: its rows,
+    ``turnrl.agents.row_cache``) and the ``input_ids`` shape of each model call it made (a hook
+    turns ``DecodeStep`` off: decoded tokens are calls too)."""
     shapes = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
                                            with_kwargs=True)
     try:
-        return TransformersPolicy(model, tokenizer, seed=seed, prefix_cache=False).generate(prompts, params), shapes
+        policy = TransformersPolicy(model, tokenizer, seed=seed, prefix_cache=prefix_cache)
+        return policy.generate(prompts, params), shapes
     finally:
         hook.remove()
 
@@ -101,31 +103,34 @@ def assert_same_as_one_prefill(generations, model, tokenizer, prompts, params, s
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["call", "rows"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_a_prompt_several_rows_share_runs_once_and_samples_what_separate_prefills_do(policy_model, tokenizer,
-                                                                                       renderer, greedy):
+                                                                                       renderer, greedy, rows):
     params = SamplingParams(max_new_tokens=6, greedy=greedy, temperature=1.0)
     p = renderer.encode("Guess a number between 1 and 10.")
     q = renderer.encode("Guess a number between 1 and 100, please.")
     prompts = [p, q, p, p, q, p[:-2]]
-    shared, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=5)
+    shared, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=5, prefix_cache=rows)
     # p and q once each (all but their last token), then every row's rest: 1 token, p[:-2] whole
     assert shapes[0] == (2, len(q) - 1) and shapes[1] == (6, len(p) - 2)
     assert_same_as_one_prefill(shared, policy_model, tokenizer, prompts, params, seed=5)
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["call", "rows"])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_a_row_far_longer_than_the_others_runs_its_extra_tokens_apart(policy_model, tokenizer, renderer, greedy):
+def test_a_row_far_longer_than_the_others_runs_its_extra_tokens_apart(policy_model, tokenizer, renderer, greedy,
+                                                                      rows):
     params = SamplingParams(max_new_tokens=5, greedy=greedy, temperature=1.0)
     short = [renderer.encode(f"Guess a number between 1 and {n}.") for n in (7, 12, 30, 99, 5)]
     long = renderer.encode(" ".join(f"Too low, {n}." for n in range(40)))
     prompts = [*short[:3], long, *short[3:]]
     width = max(len(p) for p in short)
     assert len(long) - width > 64  # the other 5 rows would pad to it: > 256 columns
-    evened, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=2)
+    evened, shapes = generate_recording_calls(policy_model, tokenizer, prompts, params, seed=2, prefix_cache=rows)
     # the long row's first len(long) - width tokens alone, then every row's last `width` at most
     assert shapes[0] == (1, len(long) - width) and shapes[1] == (6, width)
     assert_same_as_one_prefill(evened, policy_model, tokenizer, prompts, params, seed=2)
     # a few rows a little longer than the rest are left as they are (one call)
-    _, shapes = generate_recording_calls(policy_model, tokenizer, short, params, seed=2)
+    _, shapes = generate_recording_calls(policy_model, tokenizer, short, params, seed=2, prefix_cache=rows)
     assert shapes[0] == (5, width)

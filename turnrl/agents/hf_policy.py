@@ -16,6 +16,7 @@ from turnrl.agents.fast_decode import DecodeStep
 from turnrl.agents.gqa_attention import gqa_attention
 from turnrl.agents.kv_buffer import BufferLayer, buffer_cache, plain_attention
 from turnrl.agents.prefix_cache import CachedPrefix, PrefixCache
+from turnrl.agents.row_cache import RowCache
 from turnrl.agents.sampling import Generation, SamplingParams
 from turnrl.agents.weights import merged_state_dict, unwrap_model
 
@@ -39,7 +40,10 @@ class TransformersPolicy:
 
     With ``prefix_cache`` (the default) the keys and values of each generated sequence are kept
     for the next call, and a prompt that extends one (the episode's next turn) runs only over its
-    new tokens (``turnrl.agents.prefix_cache``): a turn costs its new tokens, not its history.
+    new tokens (``turnrl.agents.prefix_cache``): a turn costs its new tokens, not its history. On
+    a model on ``sdpa`` attention whose layers are all plain attention they stay in one buffer, a
+    row per episode, and a turn writes after its row's history in place
+    (``turnrl.agents.row_cache``); otherwise each call copies its rows' histories in and out.
     The cache is dropped whenever the weights change (an in-place update of any parameter, which
     optimizer steps and ``load_weights`` are; a write through ``.data`` is not seen: call
     ``rng_state()`` or make a new policy after one), and used only on models whose every layer keeps
@@ -57,7 +61,8 @@ class TransformersPolicy:
         tokenizer: its tokenizer; ``eos_token_id`` (and the other end-of-turn tokens of its chat
             format, ``turnrl.agents.chat_format.turn_end_ids``) end a turn, ``pad_token_id`` pads.
         seed: seed of the sampling RNG (a private ``torch.Generator``).
-        prefix_cache: keep keys and values across calls (above).
+        prefix_cache: keep keys and values across calls (above; ``self.cache`` is the
+            ``RowCache`` or ``PrefixCache``, None without).
         kv_buffer: within a call, write each token's keys and values in place into a buffer sized
             for the call (``turnrl.agents.kv_buffer``) instead of concatenating them onto the
             history per token (transformers' ``DynamicCache``); used only where every layer is
@@ -66,12 +71,15 @@ class TransformersPolicy:
             token through ``turnrl.agents.fast_decode.DecodeStep`` (the model's weights and
             operations in plain torch calls, without the per-call Python of its forward); its
             logits equal the forward's to float rounding. Other models use their forward.
+        row_cache: with ``prefix_cache`` and ``kv_buffer`` on a model on ``sdpa`` attention, keep
+            the episodes in rows of one buffer (``turnrl.agents.row_cache``); False copies each
+            call's histories in and out (the figures are the same either way).
     """
 
     token_exact = True
 
     def __init__(self, model, tokenizer, seed: int = 0, prefix_cache: bool = True, kv_buffer: bool = True,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, row_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -80,13 +88,15 @@ class TransformersPolicy:
         self.stop_ids = turn_end_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id
         self._own_copy = False
-        self.cache = PrefixCache() if prefix_cache else None
         self._weights_version = -1
         # keys and values written in place (turnrl.agents.kv_buffer) where every layer is plain attention
         config = getattr(unwrap_model(model), "config", None)
         plain = kv_buffer and config is not None and plain_attention(config)
         self._buffer_layers = config.num_hidden_layers if plain else 0
         self._fast_decode = fast_decode and plain
+        # episodes kept in rows of one buffer across turns (turnrl.agents.row_cache) where SDPA takes a 4D mask
+        rows = row_cache and prefix_cache and plain and getattr(config, "_attn_implementation", None) == "sdpa"
+        self.cache = RowCache(config.num_hidden_layers) if rows else PrefixCache() if prefix_cache else None
 
     @classmethod
     def copy_of(cls, model: torch.nn.Module, tokenizer, seed: int = 0, prefix_cache: bool = True) -> TransformersPolicy:
@@ -187,7 +197,21 @@ class TransformersPolicy:
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         was_training = self.model.training
         self.model.eval()
-        batch = len(prompts)
+        try:
+            if isinstance(self.cache, RowCache):
+                sampled, logprobs = self._generate_rows(prompts, params)
+            else:
+                sampled, logprobs = self._generate_call(prompts, params)
+        finally:
+            self.model.train(was_training)
+        return [
+            Generation(ids, lps, "stop" if ids and ids[-1] in self.stop_ids else "length")
+            for ids, lps in zip(sampled, logprobs)
+        ]
+
+    def _generate_call(self, prompts: list[list[int]], params: SamplingParams) -> tuple[list, list]:
+        """One call in a cache of its own: each row's cached prefix (``PrefixCache``) copied in,
+        its keys and values copied out into the prefix cache after."""
         hits = self._even_out(prompts, self._share_prompts(prompts, self._lookup(prompts)))
         cached = [0 if h is None else len(h.ids) for h in hits]
         input_ids, attention, past = self._prefill_inputs(prompts, hits, cached, params.max_new_tokens)
@@ -196,13 +220,73 @@ class TransformersPolicy:
                          past_key_values=past, use_cache=True, logits_to_keep=1)
         past, logits = out.past_key_values, out.logits[:, -1, :].float()
         next_position = positions[:, -1] + 1
+        decode = DecodeStep.for_model(unwrap_model(self.model)) if self._fast_decode else None
 
+        def step(tokens: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+            nonlocal attention, past, next_position
+            attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
+            if decode is not None:
+                logits = decode(tokens, next_position, attention, past)
+            else:
+                out = self.model(input_ids=tokens[:, None], attention_mask=attention,
+                                 position_ids=next_position[:, None], past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[:, -1, :].float()
+            next_position = next_position + 1
+            return logits
+
+        sampled, logprobs = self._sample(logits, params, step)
+        self._keep(prompts, sampled, attention, past)
+        return sampled, logprobs
+
+    def _generate_rows(self, prompts: list[list[int]], params: SamplingParams) -> tuple[list, list]:
+        """One call on the ``RowCache``: each prompt runs in its row, after the history kept there
+        (``turnrl.agents.row_cache``); the call's new keys and values stay in the rows."""
+        cache = self.cache
+        prompts = [list(p) for p in prompts]
+        self._check_weights()
+        found = cache.arrange(prompts)
+        if found is not None:  # rows rebuilt for this call's prompts: row i runs prompt i
+            found = self._share_prompts(prompts, found)
+            held = [0 if f is None else len(f.ids) if isinstance(f, CachedPrefix) else len(cache.ids[f]) for f in found]
+            width = max(len(p) - h for p, h in zip(prompts, held))
+            cache.rebuild(found, max(held) + width + params.max_new_tokens)
+        starts = self._even_out_rows(cache, prompts)
+        logits, ends = self._prefill_rows(cache, prompts, starts, [len(p) for p in prompts], params.max_new_tokens)
+        lengths = list(ends)  # each row's next slot; a row that stopped keeps its own
+        decode = DecodeStep.for_model(unwrap_model(self.model)) if self._fast_decode else None
+        slot_ids = torch.arange(max(ends) + params.max_new_tokens + 1, device=self.device)
+
+        def step(tokens: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+            at = torch.tensor(lengths, device=self.device)
+            width = max(lengths) + 1
+            attention = slot_ids[None, :width] <= at[:, None]  # [B, width]: the row's history and this token
+            cache.prepare(at[:, None], width)
+            if decode is not None:
+                logits = decode(tokens, at, attention, cache)
+            else:
+                logits = self.model(input_ids=tokens[:, None], attention_mask=attention[:, None, None, :],
+                                    position_ids=at[:, None], past_key_values=cache, use_cache=True).logits[:, -1].float()
+            for row, done in enumerate(finished.tolist()):
+                lengths[row] += not done
+            return logits
+
+        sampled, logprobs = self._sample(logits, params, step)
+        for row, (prompt, end) in enumerate(zip(prompts, ends)):
+            cache.ids[row] = prompt + sampled[row][:lengths[row] - end]
+        cache.end_call()
+        return sampled, logprobs
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, step) -> tuple[list, list]:
+        """Up to ``params.max_new_tokens`` tokens a row from the prefill's ``logits`` ``[B, V]``:
+        ``step(tokens, finished)`` feeds ``tokens`` ``[B]`` (padding on rows that ``finished``,
+        ``[B]`` bool, marks) and returns the next logits. A row stops at an end-of-turn id, which
+        is not fed. Returns each row's sampled ids and their logprobs."""
+        batch = logits.shape[0]
         sampled = [[] for _ in range(batch)]
         logprobs = [[] for _ in range(batch)]
         live = list(range(batch))  # rows still sampling (the same as ~finished, on the host)
         stops = set(self.stop_ids)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        decode = DecodeStep.for_model(unwrap_model(self.model)) if self._fast_decode else None
         for _ in range(params.max_new_tokens):
             if params.greedy:
                 logp = torch.log_softmax(logits, dim=-1)
@@ -221,36 +305,73 @@ class TransformersPolicy:
                 finished[ended] = True
             if not live:
                 break
-            tokens = tokens.masked_fill(finished, self.pad_id)
-            attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-            if decode is not None:
-                logits = decode(tokens, next_position, attention, past)
-            else:
-                out = self.model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attention,
-                    position_ids=next_position[:, None],
-                    past_key_values=past,
-                    use_cache=True,
-                )
-                past, logits = out.past_key_values, out.logits[:, -1, :].float()
-            next_position = next_position + 1
-        self._keep(prompts, sampled, attention, past)
-        self.model.train(was_training)
-        return [
-            Generation(ids, lps, "stop" if ids and ids[-1] in self.stop_ids else "length")
-            for ids, lps in zip(sampled, logprobs)
-        ]
+            logits = step(tokens.masked_fill(finished, self.pad_id), finished)
+        return sampled, logprobs
+
+    def _check_weights(self) -> None:
+        """Empty the cache when the weights changed since the last call."""
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_version:  # (a change through .data is not counted)
+            self.cache.clear()
+            self._weights_version = version
+
+    def _prefill_rows(self, cache: RowCache, prompts: list[list[int]], starts: list[int], ends: list[int],
+                      room: int) -> tuple[torch.Tensor, list[int]]:
+        """Run ``prompts[r][starts[r]:ends[r]]`` (at least one token a row) in row ``r`` of
+        ``cache`` after its ``starts[r]`` cached slots, with ``room`` slots kept free after; returns
+        the logits ``[B, V]`` after each row's last token, and ``ends``.
+
+        The rows' tokens are left-padded to ``S``, the most new tokens of a row, so each row's last
+        one is the call's last column; a row's tokens go to slots ``start ..`` and its padding to
+        the slots after them (which its next tokens overwrite), under a 4D mask: each token sees its
+        row's history and its own earlier new tokens; a padding column sees those and itself."""
+        batch = len(prompts)
+        new = [end - start for start, end in zip(starts, ends)]
+        width = max(new)
+        start = torch.tensor(starts, device=self.device)[:, None]
+        count = torch.tensor(new, device=self.device)[:, None]
+        column = torch.arange(width, device=self.device)[None]
+        pad = width - count
+        slots = torch.where(column >= pad, start + column - pad, start + count + column)  # [B, S]
+        span = max(starts) + width
+        cache.reserve(span + room)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
+        for row, (prompt, a, b) in enumerate(zip(prompts, starts, ends)):
+            input_ids[row, width - (b - a):] = torch.tensor(prompt[a:b], dtype=torch.long)
+        keys = torch.arange(span, device=self.device)[None, None]
+        at = slots[:, :, None]
+        mask = (keys <= at) & ((keys < (start + count)[:, :, None]) | (keys == at))  # [B, S, span]
+        cache.prepare(slots, span)
+        out = self.model(input_ids=input_ids, attention_mask=mask[:, None], position_ids=slots, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        for row, (prompt, b) in enumerate(zip(prompts, ends)):
+            cache.ids[row] = prompt[:b]
+        return out.logits[:, -1, :].float(), list(ends)
+
+    def _even_out_rows(self, cache: RowCache, prompts: list[list[int]]) -> list[int]:
+        """``_even_out`` on the rows: the few rows whose new tokens far outnumber the others' run
+        their extra tokens first, in a call of their own on copies of those rows, which are copied
+        back. Returns each row's cached slots after."""
+        starts = [len(ids) for ids in cache.ids]
+        split = _long_rows([len(p) - s for p, s in zip(prompts, starts)]) if self._buffer_layers else None
+        if split is None:
+            return starts
+        long, width = split
+        sub = cache.take(long)
+        ends = [len(prompts[r]) - width for r in long]
+        self._prefill_rows(sub, [prompts[r] for r in long], [starts[r] for r in long], ends, 0)
+        cache.reserve(max(ends))
+        cache.put(sub, long, [starts[r] for r in long])
+        for r, end in zip(long, ends):
+            starts[r] = end
+        return starts
 
     def _lookup(self, prompts: list[list[int]]) -> list[CachedPrefix | None]:
         """Each prompt's cached prefix (None: none, or no cache); the cache is emptied first when
         the weights changed since the last call."""
         if self.cache is None:
             return [None] * len(prompts)
-        version = sum(p._version for p in self.model.parameters())
-        if version != self._weights_version:  # (a change through .data is not counted)
-            self.cache.clear()
-            self._weights_version = version
+        self._check_weights()
         return [self.cache.lookup(p) for p in prompts]
 
     def _share_prompts(self, prompts: list[list[int]], hits: list[CachedPrefix | None]) -> list[CachedPrefix | None]:
@@ -293,17 +414,10 @@ class TransformersPolicy:
         A row is long when its uncached tokens exceed twice the median's plus ``LONG_MARGIN``;
         at most a quarter of the rows, and only when the columns saved on the other rows are at
         least ``MIN_COLUMNS_SAVED`` tokens."""
-        if not self._buffer_layers or len(prompts) < 4:
+        split = _long_rows([len(p) - (0 if h is None else len(h.ids)) for p, h in zip(prompts, hits)])
+        if not self._buffer_layers or split is None:
             return hits
-        rest = [len(p) - (0 if h is None else len(h.ids)) for p, h in zip(prompts, hits)]
-        median = sorted(rest)[len(rest) // 2]
-        long = [row for row, n in enumerate(rest) if n > 2 * median + LONG_MARGIN]
-        if not long or len(long) > len(prompts) // 4:
-            return hits
-        others = set(range(len(prompts))) - set(long)
-        width = max(rest[row] for row in others)  # what the other rows need
-        if (max(rest) - width) * (len(prompts) - len(long)) < MIN_COLUMNS_SAVED:
-            return hits
+        long, width = split
         fed = [prompts[row][:len(prompts[row]) - width] for row in long]
         sub_hits = [hits[row] for row in long]
         sub_cached = [0 if h is None else len(h.ids) for h in sub_hits]
@@ -377,6 +491,23 @@ MIN_COLUMNS_SAVED = 256
 """``TransformersPolicy._even_out``: a row is long when its uncached tokens exceed twice the
 median's plus ``LONG_MARGIN``; it runs them apart when that saves the other rows at least
 ``MIN_COLUMNS_SAVED`` padded tokens (a call of its own costs ~1-2 ms of overhead on CPU)."""
+
+
+def _long_rows(rest: list[int]) -> tuple[list[int], int] | None:
+    """``(long rows, width)`` for ``_even_out`` from each row's uncached token count ``rest``:
+    the rows over twice the median plus ``LONG_MARGIN`` (at most a quarter of the rows, at least 4
+    rows in all) and the most tokens of any other row, or None when there are none or splitting
+    them off saves the other rows fewer than ``MIN_COLUMNS_SAVED`` padded tokens."""
+    if len(rest) < 4:
+        return None
+    median = sorted(rest)[len(rest) // 2]
+    long = [row for row, n in enumerate(rest) if n > 2 * median + LONG_MARGIN]
+    if not long or len(long) > len(rest) // 4:
+        return None
+    width = max(n for row, n in enumerate(rest) if row not in long)  # what the other rows need
+    if (max(rest) - width) * (len(rest) - len(long)) < MIN_COLUMNS_SAVED:
+        return None
+    return long, width
 
 
 def _prefixes(fed: list[list[int]], attention: torch.Tensor, past) -> list[CachedPrefix] | None:
