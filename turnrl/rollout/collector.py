@@ -110,7 +110,8 @@ class RolloutCollector:
 
     def collect(self, tasks: list[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
         """Roll out ``group_size`` episodes of each task. A policy that keeps a prefix cache
-        (``clear_cache``) starts the batch with an empty one.
+        (``clear_cache``) starts the batch with an empty one and empties it after (its keys and
+        values are not held through the learner's update).
 
         Returns:
             ``len(tasks) * group_size`` trajectories, grouped: rows ``g*G .. g*G+G-1`` are the
@@ -121,6 +122,13 @@ class RolloutCollector:
         clear_cache = getattr(self.policy, "clear_cache", None)
         if clear_cache is not None:  # a batch's figures depend on its own episodes only
             clear_cache()
+        try:
+            return self._collect(tasks, group_size, params)
+        finally:
+            if clear_cache is not None:
+                clear_cache()
+
+    def _collect(self, tasks: list[Task], group_size: int, params: SamplingParams) -> list[Trajectory]:
         envs = self._envs(len(tasks) * group_size)
         episodes: list[_Episode] = []
         for group_id, task in enumerate(tasks):
