@@ -50,6 +50,19 @@ def test_decoded_tokens_equal_the_models_forward_on_a_padded_batch(arch, fused, 
     long history), past the rotary table's first size."""
     monkeypatch.setattr(fast_decode, "FUSE_MAX_PARAMETERS", 10**9 if fused else 0)
     monkeypatch.setattr(fast_decode, "BMM_MIN_KEYS", 10**9 if attend == "sdpa" else 0)
+    products = []
+    attend_by_products = fast_decode._attend
+    monkeypatch.setattr(fast_decode, "_attend", lambda *args: products.append(1) or attend_by_products(*args))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (the matrix products run on one thread only)
+    try:
+        _decode_and_compare(arch, fused)
+    finally:
+        torch.set_num_threads(threads)
+    assert bool(products) == (attend == "bmm")
+
+
+def _decode_and_compare(arch, fused):
     model = ARCHS[arch]()
     step = DecodeStep.for_model(model)
     assert step is not None

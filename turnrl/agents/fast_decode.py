@@ -46,10 +46,12 @@ model each product is mostly per-call overhead; on a large one the copy (about t
 the weights) would cost memory and time, and the products are compute-bound anyway."""
 
 BMM_MIN_KEYS = 512
-"""From this many cached keys on, on CPU, ``DecodeStep`` attends with two batched matrix products
-(``_attend``) instead of SDPA: on CPU, SDPA's kernel over one query per row ran 1.1-2x slower than
-them over 700-2,600 keys (16 rows; 4 or 14 query heads, 2 key/value heads; one thread) and
-slightly faster under ~200."""
+"""From this many cached keys on, on CPU with one torch thread, ``DecodeStep`` attends with two
+batched matrix products (``_attend``) instead of SDPA. SDPA's kernel over one query per row ran
+1.1-2x slower than them over 700-2,600 keys on one thread (16 rows; 4 or 14 query heads, 2
+key/value heads) and slightly faster under ~200; 32-turn rollouts (``scripts/bench_turns.py``'s
+episodes) took 0.92x the time with them on one thread, but 1.07-1.08x on two, where SDPA splits
+its work across the threads better."""
 
 STATIC_ROPE = ("default", "linear", "llama3")
 """Rotary types whose cos/sin at a position do not depend on the other positions of the call:
@@ -187,8 +189,9 @@ class DecodeStep:
         x = F.embedding(tokens[:, None], base.embed_tokens.weight)  # [B, 1, hidden]
         cos, sin = self._rotary(x, positions)  # [B, 1, 1, d]
         mask = attention.bool()[:, None, None, :]  # [B, 1, 1, K]
-        on_cpu = attention.device.type == "cpu"  # (measured there; on a GPU SDPA's kernels are the fast path)
-        bias = _key_bias(attention, self.layers[0].attn) if on_cpu and attention.shape[1] >= BMM_MIN_KEYS else None
+        # (measured on CPU, one thread; on a GPU SDPA's kernels are the fast path)
+        bmm = attention.shape[1] >= BMM_MIN_KEYS and attention.device.type == "cpu" and torch.get_num_threads() == 1
+        bias = _key_bias(attention, self.layers[0].attn) if bmm else None
         for index, layer in enumerate(self.layers):
             attn, mlp, d = layer.attn, layer.mlp, layer.attn.head_dim
             h = _rms_norm(x, layer.layer.input_layernorm)
