@@ -8,11 +8,12 @@ buffer (``turnrl.agents.row_cache``, the default), copied into each call's buffe
 
 The same tiny Qwen2 (random init, built from a config; the tokenizer built in code) plays
 ``--episodes`` GuessNumber episodes (1..1000, so a random model almost never wins and every
-episode runs its ``max_turns``) with ``RolloutCollector``, ``--max-new-tokens`` per reply. For
-each turn count both modes run on the same seeds, alternating, ``--repeats`` times after a
-warm-up; the median seconds are kept. Printed: seconds per episode in each mode, their ratio,
-and the growth exponent of time in turns (the slope of log time on log turns, from the smallest
-to the largest count): about 1 when a turn costs the same however long the history, toward 2
+episode runs its ``max_turns``) with ``RolloutCollector``, ``--max-new-tokens`` per reply. Every
+mode and baseline runs on the same seeds, alternating, in ``--repeats`` rounds over all the turn
+counts after a warm-up round (so a machine whose speed drifts during the run slows every count
+alike); the median seconds are kept. Printed: seconds per episode in each mode, their ratio,
+and the growth exponent of time in turns (the least-squares slope of log time on log turns):
+about 1 when a turn costs the same however long the history, toward 2
 when each turn runs the model over the whole history again.
 
 Two raw ``model.generate`` baselines (sampling, transformers' own KV cache), same batch:
@@ -176,35 +177,44 @@ def run(args) -> dict:
     model = build_tiny_model(cfg, tokenizer, seed=0).eval()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     tasks = [Task(seed) for seed in range(args.episodes)]
-    rows = []
-    for turns in args.turns:
-        times: dict[str, list[float]] = {mode: [] for mode in (*MODES, "generate", "generate per turn")}
-        for repeat in range(args.repeats + 1):  # the first round warms up (and counts the tokens)
+    times = {turns: {mode: [] for mode in (*MODES, "generate", "generate per turn")} for turns in args.turns}
+    found: dict[int, dict] = {}
+    replayed: dict[int, list] = {}
+    # rounds over every turn count (the first warms up and counts the tokens), so that a machine
+    # whose speed drifts during the run moves every count alike, not the exponent
+    for repeat in range(args.repeats + 1):
+        for turns in args.turns:
             for mode, options in MODES.items():
                 policy = TransformersPolicy(model, tokenizer, seed=repeat, **options)
                 collector = RolloutCollector(lambda t=turns: GuessNumberEnv(n=1000, max_turns=t), policy, renderer,
                                              max_context_tokens=65536)
                 start = time.perf_counter()
                 trajectories = collector.collect(tasks, 1, params)
-                times[mode].append(time.perf_counter() - start)
+                times[turns][mode].append(time.perf_counter() - start)
             if repeat == 0:
                 n = len(trajectories)
-                row = {"turns": turns, "played_turns": sum(t.num_turns for t in trajectories) / n,
-                       "episode_tokens": sum(len(t.token_ids) for t in trajectories) / n,
-                       "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n),
-                       "flops": episode_flops(model, trajectories), "bytes": episode_bytes(model, trajectories)}
-                replayed = trajectories
-            times["generate"].append(raw_generate(model, tokenizer, renderer, tasks, row["sampled_tokens"]))
-            seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed, args.max_new_tokens)
-            times["generate per turn"].append(seconds)
-        for mode, seconds in times.items():
+                found[turns] = {"turns": turns, "played_turns": sum(t.num_turns for t in trajectories) / n,
+                                "episode_tokens": sum(len(t.token_ids) for t in trajectories) / n,
+                                "sampled_tokens": round(sum(sum(t.loss_mask) for t in trajectories) / n),
+                                "flops": episode_flops(model, trajectories),
+                                "bytes": episode_bytes(model, trajectories)}
+                replayed[turns] = trajectories
+            times[turns]["generate"].append(raw_generate(model, tokenizer, renderer, tasks,
+                                                         found[turns]["sampled_tokens"]))
+            seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed[turns], args.max_new_tokens)
+            times[turns]["generate per turn"].append(seconds)
+            found[turns]["raw_sampled_tokens"] = raw_sampled / args.episodes
+        print(f"  round {repeat} of {args.repeats}{' (warm-up)' if repeat == 0 else ''} done", flush=True)
+    rows = []
+    for turns in args.turns:
+        row = found[turns]
+        for mode, seconds in times[turns].items():
             row[mode] = statistics.median(seconds[1:]) / args.episodes
         row["speedup"] = row["whole prefill"] / row["prefix cache"]
         row["buffer_speedup"] = row["cache, KV concatenated"] / row["prefix cache"]
         row["rows_speedup"] = row["cache, copied per call"] / row["prefix cache"]
         row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
         # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
-        row["raw_sampled_tokens"] = raw_sampled / args.episodes
         row["collector_vs_turn_generate"] = ((row["sampled_tokens"] / row["prefix cache"])
                                              / (row["raw_sampled_tokens"] / row["generate per turn"]))
         rows.append(row)
@@ -239,7 +249,8 @@ def print_table(result: dict) -> None:
     print("collector/it: the collector's sampled tokens per second over the baseline's")
     e = result["exponent"]
     print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
-          f"copied per call {e['cache, copied per call']:.2f}, KV concatenated {e['cache, KV concatenated']:.2f}, whole prefill {e['whole prefill']:.2f}, "
+          f"copied per call {e['cache, copied per call']:.2f}, KV concatenated {e['cache, KV concatenated']:.2f}, "
+          f"whole prefill {e['whole prefill']:.2f}, "
           f"generate per turn {e['generate per turn']:.2f}; the work itself: model FLOPs {e['work']:.2f}, "
           f"memory read {e['traffic']:.2f}")
 

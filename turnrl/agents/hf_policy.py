@@ -264,8 +264,9 @@ class TransformersPolicy:
             if decode is not None:
                 logits = decode(tokens, at, attention, cache)
             else:
-                logits = self.model(input_ids=tokens[:, None], attention_mask=attention[:, None, None, :],
-                                    position_ids=at[:, None], past_key_values=cache, use_cache=True).logits[:, -1].float()
+                out = self.model(input_ids=tokens[:, None], attention_mask=attention[:, None, None, :],
+                                 position_ids=at[:, None], past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1].float()
             for row, done in enumerate(finished.tolist()):
                 lengths[row] += not done
             return logits

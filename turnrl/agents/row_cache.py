@@ -91,7 +91,7 @@ class RowCache(DynamicCache):
         best, best_len = None, 0
         for row, ids in enumerate(self.ids):
             n = len(ids)
-            if best_len < n < len(prompt) and ids[-1] == prompt[n - 1] and list(prompt[:n]) == ids:
+            if best_len < n < len(prompt) and ids[-1] == prompt[n - 1] and prompt[:n] == ids:
                 best, best_len = row, n
         return best
 
@@ -130,10 +130,14 @@ class RowCache(DynamicCache):
         ``found`` entry, holding its prefix: a row's ids and keys and values are copied, a
         ``CachedPrefix``'s written, None left empty. Rows no entry names move to ``evicted``."""
         kept = {f for f in found if isinstance(f, int)}
-        self._evicted.extend([CachedPrefix(tuple(ids), [(keys[row, :, :len(ids)].clone(), values[row, :, :len(ids)].clone())
-                                                      for keys, values in (layer.buffers for layer in self.layers)])
-                             for row, ids in enumerate(self.ids) if row not in kept and ids])
-        new_ids = [[] if f is None else list(f.ids) if isinstance(f, CachedPrefix) else list(self.ids[f]) for f in found]
+        for row, ids in enumerate(self.ids):
+            if row not in kept and ids:
+                n = len(ids)
+                layers = [(keys[row, :, :n].clone(), values[row, :, :n].clone())
+                          for keys, values in (layer.buffers for layer in self.layers)]
+                self._evicted.append(CachedPrefix(tuple(ids), layers))
+        new_ids = [[] if f is None else list(f.ids) if isinstance(f, CachedPrefix) else list(self.ids[f])
+                   for f in found]
         capacity = max(capacity, *(len(ids) for ids in new_ids))
         rows = [(i, f) for i, f in enumerate(found) if isinstance(f, int)]
         template = next((f for f in found if isinstance(f, CachedPrefix)), None)
