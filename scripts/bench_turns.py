@@ -5,6 +5,7 @@ buffer (``turnrl.agents.row_cache``, the default), copied into each call's buffe
 ``DynamicCache``); and against raw ``model.generate`` loops of the same tokens, side by side.
 
     .venv/bin/python scripts/bench_turns.py [--turns 4,8,16,32] [--episodes 16] [--json out.json]
+        [--hidden-size 128 --layers 2 --heads 4 --kv-heads 2 --intermediate-size 512] [--modes rows,copied,...]
 
 The same tiny Qwen2 (random init, built from a config; the tokenizer built in code) plays
 ``--episodes`` GuessNumber episodes (1..1000, so a random model almost never wins and every
@@ -65,6 +66,13 @@ MODES = {"prefix cache": {},
          "cache, copied per call": {"row_cache": False},
          "cache, KV concatenated": {"kv_buffer": False},
          "whole prefill": {"prefix_cache": False}}
+BASELINES = ("generate", "generate per turn")
+# --modes names: the collector's modes and the raw baselines
+SHORT = {"rows": "prefix cache", "copied": "cache, copied per call", "concatenated": "cache, KV concatenated",
+         "whole": "whole prefill", "generate": "generate", "turn-generate": "generate per turn"}
+# ratio key: (numerator mode, denominator mode), seconds per episode (speed-ups of the prefix cache)
+RATIOS = {"speedup": ("whole prefill", "prefix cache"), "buffer_speedup": ("cache, KV concatenated", "prefix cache"),
+          "rows_speedup": ("cache, copied per call", "prefix cache"), "collector_vs_generate": ("generate", "prefix cache")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--intermediate-size", type=int, default=TinyModelConfig.intermediate_size, help="MLP width")
+    parser.add_argument("--heads", type=int, default=TinyModelConfig.num_heads, help="attention heads")
+    parser.add_argument("--kv-heads", type=int, default=TinyModelConfig.num_kv_heads, help="key/value heads")
+    parser.add_argument("--modes", default=",".join(SHORT),
+                        help=f"comma-separated, of {', '.join(SHORT)} (rows, the default cache, always runs)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads")
     parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args(argv)
@@ -84,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--turns needs at least two positive counts, got {args.turns}")
     if args.episodes < 1 or args.repeats < 1:
         parser.error("--episodes and --repeats must be >= 1")
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in names if m not in SHORT]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(SHORT)}")
+    args.modes = [SHORT[m] for m in SHORT if m in names or m == "rows"]  # in the table's order
+    if args.hidden_size % args.heads or args.heads % args.kv_heads:
+        parser.error(f"--hidden-size ({args.hidden_size}) must be a multiple of --heads ({args.heads}), "
+                     f"and --heads of --kv-heads ({args.kv_heads})")
     return args
 
 
@@ -172,20 +192,21 @@ def run(args) -> dict:
     corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
     tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)
     renderer = ChatRenderer(tokenizer)
-    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers,
-                          intermediate_size=args.intermediate_size, max_positions=8192)
+    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads,
+                          num_kv_heads=args.kv_heads, intermediate_size=args.intermediate_size, max_positions=8192)
     model = build_tiny_model(cfg, tokenizer, seed=0).eval()
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     tasks = [Task(seed) for seed in range(args.episodes)]
-    times = {turns: {mode: [] for mode in (*MODES, "generate", "generate per turn")} for turns in args.turns}
+    modes = [m for m in args.modes if m in MODES]
+    times = {turns: {mode: [] for mode in args.modes} for turns in args.turns}
     found: dict[int, dict] = {}
     replayed: dict[int, list] = {}
     # rounds over every turn count (the first warms up and counts the tokens), so that a machine
     # whose speed drifts during the run moves every count alike, not the exponent
     for repeat in range(args.repeats + 1):
         for turns in args.turns:
-            for mode, options in MODES.items():
-                policy = TransformersPolicy(model, tokenizer, seed=repeat, **options)
+            for mode in modes:
+                policy = TransformersPolicy(model, tokenizer, seed=repeat, **MODES[mode])
                 collector = RolloutCollector(lambda t=turns: GuessNumberEnv(n=1000, max_turns=t), policy, renderer,
                                              max_context_tokens=65536)
                 start = time.perf_counter()
@@ -199,59 +220,65 @@ def run(args) -> dict:
                                 "flops": episode_flops(model, trajectories),
                                 "bytes": episode_bytes(model, trajectories)}
                 replayed[turns] = trajectories
-            times[turns]["generate"].append(raw_generate(model, tokenizer, renderer, tasks,
-                                                         found[turns]["sampled_tokens"]))
-            seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed[turns], args.max_new_tokens)
-            times[turns]["generate per turn"].append(seconds)
-            found[turns]["raw_sampled_tokens"] = raw_sampled / args.episodes
+            if "generate" in times[turns]:
+                times[turns]["generate"].append(raw_generate(model, tokenizer, renderer, tasks,
+                                                             found[turns]["sampled_tokens"]))
+            if "generate per turn" in times[turns]:
+                seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed[turns], args.max_new_tokens)
+                times[turns]["generate per turn"].append(seconds)
+                found[turns]["raw_sampled_tokens"] = raw_sampled / args.episodes
         print(f"  round {repeat} of {args.repeats}{' (warm-up)' if repeat == 0 else ''} done", flush=True)
     rows = []
     for turns in args.turns:
         row = found[turns]
         for mode, seconds in times[turns].items():
             row[mode] = statistics.median(seconds[1:]) / args.episodes
-        row["speedup"] = row["whole prefill"] / row["prefix cache"]
-        row["buffer_speedup"] = row["cache, KV concatenated"] / row["prefix cache"]
-        row["rows_speedup"] = row["cache, copied per call"] / row["prefix cache"]
-        row["collector_vs_generate"] = row["generate"] / row["prefix cache"]
-        # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
-        row["collector_vs_turn_generate"] = ((row["sampled_tokens"] / row["prefix cache"])
-                                             / (row["raw_sampled_tokens"] / row["generate per turn"]))
+        for key, (slow, fast) in RATIOS.items():
+            if slow in row:
+                row[key] = row[slow] / row[fast]
+        if "generate per turn" in row:
+            # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
+            row["collector_vs_turn_generate"] = ((row["sampled_tokens"] / row["prefix cache"])
+                                                 / (row["raw_sampled_tokens"] / row["generate per turn"]))
         rows.append(row)
-        print(f"  {turns} turns: {row['prefix cache']:.3f} s vs {row['whole prefill']:.3f} s per episode "
-              f"(raw generate {row['generate']:.3f} s)", flush=True)
+        print(f"  {turns} turns: " + ", ".join(f"{mode} {row[mode]:.3f}" for mode in args.modes) + " s per episode",
+              flush=True)
     xs = [r["played_turns"] for r in rows]
-    growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in (*MODES, "generate per turn")}
+    growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in args.modes if mode != "generate"}
     growth["work"] = growth_exponent(xs, [r["flops"] for r in rows])
     growth["traffic"] = growth_exponent(xs, [r["bytes"] for r in rows])
     setup = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "threads": args.threads,
              "hidden_size": args.hidden_size, "layers": args.layers, "intermediate_size": args.intermediate_size,
+             "heads": args.heads, "kv_heads": args.kv_heads, "modes": args.modes,
              "episodes": args.episodes, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
              "torch": torch.__version__}
     return {"setup": setup, "rows": rows, "exponent": growth}
 
 
+# table columns after tokens and sampled: (header, row key, ratio?) for the modes a run has
+COLUMNS = (("prefix cache s/ep", "prefix cache", False), ("copied per call s/ep", "cache, copied per call", False),
+           ("copied/rows", "rows_speedup", True),
+           ("KV concatenated s/ep", "cache, KV concatenated", False), ("whole prefill s/ep", "whole prefill", False),
+           ("speed-up", "speedup", True), ("generate, 1st prompt s/ep", "generate", False),
+           ("collector/it", "collector_vs_generate", True), ("generate per turn s/ep", "generate per turn", False),
+           ("collector/it", "collector_vs_turn_generate", True))
+
+
 def print_table(result: dict) -> None:
     s = result["setup"]
-    print(f"rollout time vs turns: tiny Qwen2 {s['params_m']:.2f}M params, {s['episodes']} GuessNumber episodes per "
-          f"batch, {s['max_new_tokens']} new tokens per turn, {s['threads']} threads, median of {s['repeats']}, "
-          f"torch {s['torch']}")
-    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} {'prefix cache s/ep':>18} {'copied per call s/ep':>21} "
-          f"{'KV concatenated s/ep':>21} "
-          f"{'whole prefill s/ep':>19} {'speed-up':>9} {'generate, 1st prompt s/ep':>26} {'collector/it':>13} "
-          f"{'generate per turn s/ep':>23} {'collector/it':>13}")
+    print(f"rollout time vs turns: tiny Qwen2 {s['params_m']:.2f}M params ({s['heads']} heads, {s['kv_heads']} "
+          f"key/value heads), {s['episodes']} GuessNumber episodes per batch, {s['max_new_tokens']} new tokens per "
+          f"turn, {s['threads']} threads, median of {s['repeats']}, torch {s['torch']}")
+    columns = [c for c in COLUMNS if c[1] in result["rows"][0]]
+    print(f"{'turns':>6} {'tokens/episode':>15} {'sampled':>8} " + " ".join(f"{h:>{len(h) + 1}}" for h, _, _ in columns))
     for r in result["rows"]:
-        print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} "
-              f"{r['prefix cache']:>18.3f} {r['cache, copied per call']:>21.3f} "
-              f"{r['cache, KV concatenated']:>21.3f} {r['whole prefill']:>19.3f} "
-              f"{r['speedup']:>8.2f}x {r['generate']:>26.3f} {r['collector_vs_generate']:>12.2f}x "
-              f"{r['generate per turn']:>23.3f} {r['collector_vs_turn_generate']:>12.2f}x")
-    print("collector/it: the collector's sampled tokens per second over the baseline's")
+        cells = [f"{r[key]:>{len(h)}.2f}x" if ratio else f"{r[key]:>{len(h) + 1}.3f}" for h, key, ratio in columns]
+        print(f"{r['played_turns']:>6.1f} {r['episode_tokens']:>15.0f} {r['sampled_tokens']:>8} " + " ".join(cells))
+    if any(key.startswith("collector_vs") for _, key, _ in columns):
+        print("collector/it: the collector's sampled tokens per second over the baseline's")
     e = result["exponent"]
-    print(f"growth exponent in turns (time ~ turns^k): prefix cache {e['prefix cache']:.2f}, "
-          f"copied per call {e['cache, copied per call']:.2f}, KV concatenated {e['cache, KV concatenated']:.2f}, "
-          f"whole prefill {e['whole prefill']:.2f}, "
-          f"generate per turn {e['generate per turn']:.2f}; the work itself: model FLOPs {e['work']:.2f}, "
+    modes = ", ".join(f"{mode} {e[mode]:.2f}" for mode in s["modes"] if mode in e)
+    print(f"growth exponent in turns (time ~ turns^k): {modes}; the work itself: model FLOPs {e['work']:.2f}, "
           f"memory read {e['traffic']:.2f}")
 
 

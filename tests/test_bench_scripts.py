@@ -40,6 +40,25 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
                                        "whole prefill", "generate per turn", "work", "traffic"}
 
 
+def test_bench_turns_runs_a_subset_of_modes_on_a_model_of_given_heads(tmp_path):
+    """``--modes`` runs only the modes named (the rows always), ratios and exponents only where
+    both sides ran; ``--heads``/``--kv-heads`` shape the model; a bad name or shape is an error."""
+    stdout, result = run_script("bench_turns.py", "--turns", "2,3", "--episodes", "2", "--repeats", "1",
+                                "--hidden-size", "32", "--heads", "4", "--kv-heads", "1", "--modes", "copied",
+                                out=tmp_path / "turns.json")
+    assert result["setup"]["heads"] == 4 and result["setup"]["kv_heads"] == 1
+    assert result["setup"]["modes"] == ["prefix cache", "cache, copied per call"]
+    for r in result["rows"]:
+        assert r["rows_speedup"] == pytest.approx(r["cache, copied per call"] / r["prefix cache"])
+        assert not {"whole prefill", "generate", "generate per turn", "speedup", "collector_vs_turn_generate"} & set(r)
+    assert set(result["exponent"]) == {"prefix cache", "cache, copied per call", "work", "traffic"}
+    assert "copied/rows" in stdout and "whole prefill" not in stdout
+    for bad, message in ((("--modes", "rows,bogus"), "unknown ['bogus']"), (("--heads", "3"), "multiple of --heads")):
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_turns.py"), *bad],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 2 and message in proc.stderr
+
+
 def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithmetic():
     """The per-turn baseline reads exactly the ids the collector's sampler read between its
     replies, and the work count adds up each token's layers, attention over its context and the
