@@ -178,3 +178,46 @@ def test_sample_categorical_draws_each_id_at_its_probability_and_never_a_zero_we
     for bad in ([0.5, float("nan")], [0.5, float("inf")], [0.0, 0.0]):
         with pytest.raises(ValueError, match="NaN/inf"):
             sample_categorical(torch.tensor([[0.2, 0.8], bad]), torch.Generator())
+
+
+def test_a_model_trains_after_sampling_on_it_and_samples_again_after_the_step(tokenizer, prompts):
+    """``generate`` runs under ``torch.inference_mode``: nothing it makes may end up where training
+    needs a normal tensor. A Llama with dynamic rotary embeddings (whose forward recomputes its
+    ``inv_freq`` buffer once a sequence passes ``max_position_embeddings``, here during sampling)
+    samples, trains one AdamW step on its own samples, and samples again: the cache of the first
+    calls is dropped (the weights changed) and the second samples equal a fresh policy's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                         intermediate_size=48, vocab_size=len(tokenizer), max_position_embeddings=16,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+                         attn_implementation="sdpa", pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    policy = TransformersPolicy(model, tokenizer, seed=0)
+    batch = prompts[:3]
+    assert max(len(p) for p in batch) > config.max_position_embeddings  # the rotary buffer is recomputed
+    params = SamplingParams(max_new_tokens=6)
+    first = policy.generate(batch, params)
+    policy.generate([p + g.token_ids for p, g in zip(batch, first)], params)  # a second turn, on the cache
+    assert len(policy.cache) > 0
+    rotary = model.model.rotary_emb
+    assert not any(b.is_inference() for b in model.buffers())
+    assert rotary.inv_freq.data_ptr() != rotary.original_inv_freq.data_ptr()  # recomputed (for the long rows)
+    rows = [p + g.token_ids for p, g in zip(batch, first)]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    (loss * mask[:, 1:].flatten()).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    optimizer.step()
+    again = policy.generate(batch, GREEDY)
+    assert len(policy.cache) == len(batch)  # the old rows were dropped, only this call's are kept
+    fresh = TransformersPolicy(model, tokenizer, seed=0).generate(batch, GREEDY)
+    assert [g.token_ids for g in again] == [g.token_ids for g in fresh]
+    torch.testing.assert_close(torch.tensor([lp for g in again for lp in g.logprobs]),
+                               torch.tensor([lp for g in fresh for lp in g.logprobs]), rtol=0, atol=1e-5)

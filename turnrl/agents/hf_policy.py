@@ -178,13 +178,14 @@ class TransformersPolicy:
                              f"{missing[:3]}, and {len(unknown)} unknown, e.g. {unknown[:3]}{hint}")
         self.model.load_state_dict(state)
 
-    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one assistant turn for each prompt.
 
         Runs in ``torch.inference_mode`` (no autograd bookkeeping; on the TRL benchmark's tool
         episodes a rollout took 0.90-0.93x the time it took under ``no_grad``): the tensors it
-        keeps between calls (the prefix cache) are inference tensors, used only by later calls.
+        keeps between calls (the prefix cache) are inference tensors, used only by later calls; a
+        buffer the model's forward replaced meanwhile (dynamic rotary frequencies) is made a
+        normal tensor again after the call, so that training can use it.
 
         Args:
             prompts: ``B`` lists of token ids, each ending with the generation prompt.
@@ -195,8 +196,10 @@ class TransformersPolicy:
         """
         if not prompts:
             return []
-        with gqa_attention(self.model):
-            return self._generate(prompts, params)
+        with torch.inference_mode(), gqa_attention(self.model):
+            generations = self._generate(prompts, params)
+        _normal_buffers(self.model)
+        return generations
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         was_training = self.model.training
@@ -555,6 +558,16 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+def _normal_buffers(model: torch.nn.Module) -> None:
+    """Replace each buffer of ``model`` that is an inference tensor (one its forward set under
+    ``torch.inference_mode``) by a normal copy: training may not save or update an inference
+    tensor."""
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_inference():
+                module._buffers[name] = buffer.clone()
 
 
 def _merge_lora_in_place(model: torch.nn.Module) -> None:
