@@ -180,6 +180,7 @@ def test_sample_categorical_draws_each_id_at_its_probability_and_never_a_zero_we
             sample_categorical(torch.tensor([[0.2, 0.8], bad]), torch.Generator())
 
 
+@pytest.mark.slow
 def test_a_model_trains_after_sampling_on_it_and_samples_again_after_the_step(tokenizer, prompts):
     """``generate`` runs under ``torch.inference_mode``: nothing it makes may end up where training
     needs a normal tensor. A Llama with dynamic rotary embeddings (whose forward recomputes its
