@@ -30,6 +30,10 @@ Two raw ``model.generate`` baselines (sampling, transformers' own KV cache), sam
 
 Each ratio is the collector's sampled tokens per second (prefix cache on) over the baseline's.
 
+The learner's side ("learner update"): one ``Learner.update`` with the trainer's defaults on a
+copy of the model, over the episodes the collector sampled (fixed random advantages), each
+round; "step" is a GRPO step's time, the rollout (prefix cache) plus that update.
+
 Work exponents: what any implementation that runs each token once must do per episode, and how
 it grows in turns. Arithmetic ("FLOPs"): ``2 x`` the layers' weights per token run, ``4 x`` the
 query width x layers x context per token (attention over every earlier token), and the LM head
@@ -42,6 +46,7 @@ the tokens; the time's exponent is compared with them.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -57,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
 from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
 from turnrl.agents.scripted import corpus_texts  # noqa: E402
+from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate  # noqa: E402
 from turnrl.bench_stats import emit, growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
@@ -66,10 +72,10 @@ MODES = {"prefix cache": {},
          "cache, copied per call": {"row_cache": False},
          "cache, KV concatenated": {"kv_buffer": False},
          "whole prefill": {"prefix_cache": False}}
-BASELINES = ("generate", "generate per turn")
-# --modes names: the collector's modes and the raw baselines
+# --modes names: the collector's modes, the raw baselines and the learner's update
 SHORT = {"rows": "prefix cache", "copied": "cache, copied per call", "concatenated": "cache, KV concatenated",
-         "whole": "whole prefill", "generate": "generate", "turn-generate": "generate per turn"}
+         "whole": "whole prefill", "generate": "generate", "turn-generate": "generate per turn",
+         "update": "learner update"}
 # ratio key: (numerator mode, denominator mode), seconds per episode (speed-ups of the prefix cache)
 RATIOS = {"speedup": ("whole prefill", "prefix cache"), "buffer_speedup": ("cache, KV concatenated", "prefix cache"),
           "rows_speedup": ("cache, copied per call", "prefix cache"), "collector_vs_generate": ("generate", "prefix cache")}
@@ -153,6 +159,17 @@ def raw_turns(model, pad_id: int, trajectories, new_tokens: int) -> tuple[float,
     return time.perf_counter() - start, batch * turns * new_tokens
 
 
+def learner_update(learner: Learner, pad_id: int, trajectories) -> float:
+    """Seconds of one ``Learner.update`` (the trainer's defaults: PPO-clip, micro-batches of up
+    to 8,192 padded tokens) on the episodes the collector sampled, with fixed random advantages
+    (the time does not depend on their values)."""
+    batch = collate(trajectories, pad_id)
+    advantages = torch.randn(len(trajectories), generator=torch.Generator().manual_seed(0))[:, None] * batch.loss_mask
+    start = time.perf_counter()
+    learner.update(batch, advantages)
+    return time.perf_counter() - start
+
+
 def episode_flops(model, trajectories) -> float:
     """Mean model arithmetic of an episode run once through a prefix-cached sampler (see the
     module docstring): ``2 P T + 4 L W T (T - 1) / 2 + 2 H S`` for ``T`` tokens, ``S`` sampled,
@@ -198,6 +215,9 @@ def run(args) -> dict:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     tasks = [Task(seed) for seed in range(args.episodes)]
     modes = [m for m in args.modes if m in MODES]
+    learner = None
+    if "learner update" in args.modes:  # on a copy: the sampling modes all sample the same weights
+        learner = Learner(copy.deepcopy(model).train(), LossConfig(), OptimConfig(lr=1e-5))
     times = {turns: {mode: [] for mode in args.modes} for turns in args.turns}
     found: dict[int, dict] = {}
     replayed: dict[int, list] = {}
@@ -227,6 +247,8 @@ def run(args) -> dict:
                 seconds, raw_sampled = raw_turns(model, tokenizer.pad_token_id, replayed[turns], args.max_new_tokens)
                 times[turns]["generate per turn"].append(seconds)
                 found[turns]["raw_sampled_tokens"] = raw_sampled / args.episodes
+            if "learner update" in times[turns]:
+                times[turns]["learner update"].append(learner_update(learner, tokenizer.pad_token_id, replayed[turns]))
         print(f"  round {repeat} of {args.repeats}{' (warm-up)' if repeat == 0 else ''} done", flush=True)
     rows = []
     for turns in args.turns:
@@ -236,6 +258,8 @@ def run(args) -> dict:
         for key, (slow, fast) in RATIOS.items():
             if slow in row:
                 row[key] = row[slow] / row[fast]
+        if "learner update" in row:  # a GRPO step: the rollout (rows) and the update on its episodes
+            row["step"] = row["prefix cache"] + row["learner update"]
         if "generate per turn" in row:
             # tokens per second: the per-turn loop samples max_new_tokens every turn, the collector up to a stop
             row["collector_vs_turn_generate"] = ((row["sampled_tokens"] / row["prefix cache"])
@@ -245,6 +269,8 @@ def run(args) -> dict:
               flush=True)
     xs = [r["played_turns"] for r in rows]
     growth = {mode: growth_exponent(xs, [r[mode] for r in rows]) for mode in args.modes if mode != "generate"}
+    if "step" in rows[0]:
+        growth["step"] = growth_exponent(xs, [r["step"] for r in rows])
     growth["work"] = growth_exponent(xs, [r["flops"] for r in rows])
     growth["traffic"] = growth_exponent(xs, [r["bytes"] for r in rows])
     setup = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6, "threads": args.threads,
@@ -261,7 +287,8 @@ COLUMNS = (("prefix cache s/ep", "prefix cache", False), ("copied per call s/ep"
            ("KV concatenated s/ep", "cache, KV concatenated", False), ("whole prefill s/ep", "whole prefill", False),
            ("speed-up", "speedup", True), ("generate, 1st prompt s/ep", "generate", False),
            ("collector/it", "collector_vs_generate", True), ("generate per turn s/ep", "generate per turn", False),
-           ("collector/it", "collector_vs_turn_generate", True))
+           ("collector/it", "collector_vs_turn_generate", True), ("learner update s/ep", "learner update", False),
+           ("step s/ep", "step", False))
 
 
 def print_table(result: dict) -> None:
@@ -277,7 +304,7 @@ def print_table(result: dict) -> None:
     if any(key.startswith("collector_vs") for _, key, _ in columns):
         print("collector/it: the collector's sampled tokens per second over the baseline's")
     e = result["exponent"]
-    modes = ", ".join(f"{mode} {e[mode]:.2f}" for mode in s["modes"] if mode in e)
+    modes = ", ".join(f"{mode} {e[mode]:.2f}" for mode in (*s["modes"], "step") if mode in e)
     print(f"growth exponent in turns (time ~ turns^k): {modes}; the work itself: model FLOPs {e['work']:.2f}, "
           f"memory read {e['traffic']:.2f}")
 

@@ -37,22 +37,26 @@ def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(t
     assert rows[1]["episode_tokens"] > rows[0]["episode_tokens"]  # longer episodes
     assert rows[1]["flops"] > rows[0]["flops"] > 0 and rows[1]["bytes"] > rows[0]["bytes"] > 0
     assert set(result["exponent"]) == {"prefix cache", "cache, copied per call", "cache, KV concatenated",
-                                       "whole prefill", "generate per turn", "work", "traffic"}
+                                       "whole prefill", "generate per turn", "learner update", "step", "work",
+                                       "traffic"}
 
 
 def test_bench_turns_runs_a_subset_of_modes_on_a_model_of_given_heads(tmp_path):
     """``--modes`` runs only the modes named (the rows always), ratios and exponents only where
-    both sides ran; ``--heads``/``--kv-heads`` shape the model; a bad name or shape is an error."""
+    both sides ran; ``--heads``/``--kv-heads`` shape the model; a bad name or shape is an error.
+    ``update`` times the learner on the sampled episodes; a step is the rollout plus it."""
     stdout, result = run_script("bench_turns.py", "--turns", "2,3", "--episodes", "2", "--repeats", "1",
-                                "--hidden-size", "32", "--heads", "4", "--kv-heads", "1", "--modes", "copied",
+                                "--hidden-size", "32", "--heads", "4", "--kv-heads", "1", "--modes", "copied,update",
                                 out=tmp_path / "turns.json")
     assert result["setup"]["heads"] == 4 and result["setup"]["kv_heads"] == 1
-    assert result["setup"]["modes"] == ["prefix cache", "cache, copied per call"]
+    assert result["setup"]["modes"] == ["prefix cache", "cache, copied per call", "learner update"]
     for r in result["rows"]:
         assert r["rows_speedup"] == pytest.approx(r["cache, copied per call"] / r["prefix cache"])
+        assert r["learner update"] > 0 and r["step"] == pytest.approx(r["prefix cache"] + r["learner update"])
         assert not {"whole prefill", "generate", "generate per turn", "speedup", "collector_vs_turn_generate"} & set(r)
-    assert set(result["exponent"]) == {"prefix cache", "cache, copied per call", "work", "traffic"}
-    assert "copied/rows" in stdout and "whole prefill" not in stdout
+    assert set(result["exponent"]) == {"prefix cache", "cache, copied per call", "learner update", "step", "work",
+                                       "traffic"}
+    assert "copied/rows" in stdout and "step s/ep" in stdout and "whole prefill" not in stdout
     for bad, message in ((("--modes", "rows,bogus"), "unknown ['bogus']"), (("--heads", "3"), "multiple of --heads")):
         proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_turns.py"), *bad],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -22,7 +22,9 @@ def test_rows_are_grouped_longest_first_within_both_budgets():
     lengths = [5, 30, 12, 31, 7, 29, 100, 6]
     batch = _batch(lengths)
     micros = batch.micro_batches(torch.arange(len(lengths)), max_rows=3, max_tokens=90)
-    assert [m.tolist() for m in micros] == [[6], [3, 1], [5, 2, 4], [7, 0]]
+    # 4 micro-batches, as filling each in turn makes ([6], [3, 1], [5, 2, 4], [7, 0]: 261 padded
+    # tokens), cut where they pad least: 100 + 2 x 31 + 2 x 29 + 3 x 7 = 241
+    assert [m.tolist() for m in micros] == [[6], [3, 1], [5, 2], [4, 7, 0]]
     assert sorted(torch.cat(micros).tolist()) == list(range(len(lengths)))  # every row once
     for m in micros:
         widths = [lengths[i] for i in m.tolist()]
@@ -32,6 +34,46 @@ def test_rows_are_grouped_longest_first_within_both_budgets():
     assert [m.tolist() for m in batch.micro_batches(torch.arange(8), max_rows=4)] == [[6, 3, 1, 5], [2, 4, 7, 0]]
     assert [m.tolist() for m in batch.micro_batches(torch.tensor([0, 2, 4]), max_rows=8, max_tokens=20)] == [[2], [4, 0]]
     assert batch.micro_batches(torch.arange(0), max_rows=4, max_tokens=10) == []
+
+
+def _runs(lengths, sizes):
+    """(micro-batches, padded tokens) of cutting ``lengths`` (longest first) into runs of ``sizes``."""
+    padded, start = 0, 0
+    for size in sizes:
+        padded, start = padded + size * lengths[start], start + size
+    return len(sizes), padded
+
+
+def test_the_cut_has_the_fewest_micro_batches_then_the_fewest_padded_tokens_of_all_cuts():
+    """Against every cut of 300 random small batches (all 2^(n-1) ways to split the sorted rows)."""
+    import random
+
+    from turnrl.algorithms.batch import _cut
+
+    rng = random.Random(0)
+    for _ in range(300):
+        lengths = sorted((rng.randint(1, 60) for _ in range(rng.randint(1, 10))), reverse=True)
+        max_rows, max_tokens = rng.randint(1, 5), rng.choice([None, rng.randint(10, 200)])
+        n, best = len(lengths), None
+        for cuts in range(1 << (n - 1)):
+            ends = [i + 1 for i in range(n - 1) if cuts >> i & 1] + [n]
+            sizes = [end - begin for begin, end in zip([0] + ends[:-1], ends)]
+            starts = [0] + ends[:-1]
+            if all(size <= max_rows and (size == 1 or max_tokens is None or size * lengths[start] <= max_tokens)
+                   for size, start in zip(sizes, starts)):
+                best = min(best or (n + 1, 0), _runs(lengths, sizes))
+        got = _cut(lengths, max_rows, max_tokens)
+        assert sum(got) == n and _runs(lengths, got) == best
+
+
+def test_one_long_episode_goes_alone_instead_of_padding_the_others():
+    """A 622-token episode among ~317-token ones (a GuessNumber batch at 8 turns): two micro-batches
+    either way, but the long one alone pads 4,758 tokens instead of 8,086 + 3 x 300."""
+    lengths = [622] + [340] * 5 + [317] * 5 + [300] * 5
+    batch = _batch(lengths)
+    micros = batch.micro_batches(torch.arange(16), max_rows=64, max_tokens=8192)
+    assert [len(m) for m in micros] == [1, 15]
+    assert _runs(lengths, [1, 15]) == (2, 622 + 15 * 340)
 
 
 def test_the_causal_forward_equals_the_masked_one_on_real_tokens():

@@ -63,25 +63,44 @@ class TrainBatch:
     def micro_batches(self, rows: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[torch.Tensor]:
         """``rows`` (indices into this batch) split into micro-batches of rows of similar length.
 
-        The rows are sorted longest first and taken in that order while a micro-batch holds at
-        most ``max_rows`` rows and, with ``max_tokens``, at most that many padded tokens (its
-        rows times its longest row: what a forward over it computes, since the learner cuts
-        each micro-batch to its longest row); a row longer than ``max_tokens`` goes alone. So a
-        batch of ragged episodes pads each micro-batch to its own longest row, not every row to
-        the batch's longest, and the forward's memory is bounded by ``max_tokens`` whatever the
-        batch size. Returns index tensors on ``rows``' device, together holding every row once.
+        The rows are sorted longest first and cut into runs of at most ``max_rows`` rows and,
+        with ``max_tokens``, at most that many padded tokens (its rows times its longest row: what
+        a forward over it computes, since the learner cuts each micro-batch to its longest row);
+        a row longer than ``max_tokens`` goes alone. So a batch of ragged episodes pads each
+        micro-batch to its own longest row, not every row to the batch's longest, and the
+        forward's memory is bounded by ``max_tokens`` whatever the batch size. Of the cuts with
+        the fewest micro-batches (forward and backward calls), the one with the fewest padded
+        tokens (``_cut``): one long episode among short ones goes alone rather than padding as
+        many others as fit to its length. Returns index tensors on ``rows``' device, together
+        holding every row once.
         """
         if not len(rows):
             return []
         lengths, index = torch.sort(self.attention_mask[rows].sum(-1), descending=True, stable=True)
-        sizes, width = [], 0
-        for length in lengths.tolist():
-            if sizes and sizes[-1] < max_rows and (max_tokens is None or (sizes[-1] + 1) * width <= max_tokens):
-                sizes[-1] += 1
-            else:
-                sizes.append(1)
-                width = length
-        return list(rows[index.to(rows.device)].split(sizes))
+        return list(rows[index.to(rows.device)].split(_cut(lengths.tolist(), max_rows, max_tokens)))
+
+
+def _cut(lengths: list[int], max_rows: int, max_tokens: int | None) -> list[int]:
+    """The sizes of consecutive runs of ``lengths`` (sorted longest first) that make the fewest
+    runs and, among those, the fewest padded tokens (a run's size times its first length); a run
+    holds at most ``max_rows`` rows and, past one row, at most ``max_tokens`` padded tokens.
+    Dynamic programming over where each run ends: ``O(len(lengths) * max_rows)`` steps."""
+    n = len(lengths)
+    best: list[tuple[int, int]] = [(0, 0)] + [(n + 1, 0)] * n  # (runs, padded tokens) of the first `end` rows
+    begins = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for begin in range(end - 1, max(end - max_rows, 0) - 1, -1):
+            padded = (end - begin) * lengths[begin]  # grows as the run starts earlier: stop at the budget
+            if end - begin > 1 and max_tokens is not None and padded > max_tokens:
+                break
+            runs, tokens = best[begin]
+            if (runs + 1, tokens + padded) < best[end]:
+                best[end], begins[end] = (runs + 1, tokens + padded), begin
+    sizes, end = [], n
+    while end:
+        sizes.append(end - begins[end])
+        end = begins[end]
+    return sizes[::-1]
 
 
 def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:
