@@ -34,6 +34,7 @@ def test_rows_are_grouped_longest_first_within_both_budgets():
     assert [m.tolist() for m in batch.micro_batches(torch.arange(8), max_rows=4)] == [[6, 3, 1, 5], [2, 4, 7, 0]]
     assert [m.tolist() for m in batch.micro_batches(torch.tensor([0, 2, 4]), max_rows=8, max_tokens=20)] == [[2], [4, 0]]
     assert batch.micro_batches(torch.arange(0), max_rows=4, max_tokens=10) == []
+    assert [len(m) for m in batch.micro_batches(torch.arange(3), max_rows=0)] == [1, 1, 1]  # as with max_rows=1
 
 
 def _runs(lengths, sizes):

@@ -85,7 +85,7 @@ def _cut(lengths: list[int], max_rows: int, max_tokens: int | None) -> list[int]
     runs and, among those, the fewest padded tokens (a run's size times its first length); a run
     holds at most ``max_rows`` rows and, past one row, at most ``max_tokens`` padded tokens.
     Dynamic programming over where each run ends: ``O(len(lengths) * max_rows)`` steps."""
-    n = len(lengths)
+    n, max_rows = len(lengths), max(max_rows, 1)  # (a row always fits alone)
     best: list[tuple[int, int]] = [(0, 0)] + [(n + 1, 0)] * n  # (runs, padded tokens) of the first `end` rows
     begins = [0] * (n + 1)
     for end in range(1, n + 1):
