@@ -2,11 +2,14 @@
 # The GPU path end to end, in under 10 minutes on one H200, with no internet (the small model is
 # built from a config, the tokenizer in code):
 #   1. torch sees a CUDA device
-#   2. a few RL steps on cuda with bf16 autocast (python -m turnrl.train, transformers backend),
+#   2. the learner's MFU on a Qwen2.5-0.5B-shaped model under bf16 autocast, beside bare and lean
+#      torch loops (scripts/bench_mfu.py): 1k-token and 4k-token episodes
+#   3. a few RL steps on cuda with bf16 autocast (python -m turnrl.train, transformers backend),
 #      synchronous and with asynchronous rollouts (max_staleness=1)
-#   3. the vLLM policy tests on cuda (tests/agents/test_vllm_policy.py), if vLLM's CUDA build imports
-#   4. rollout throughput, vLLM vs transformers generate, on cuda with a bigger model
-#   5. a few RL steps with the vLLM rollout backend (agent.backend=vllm) on cuda
+#   4. the vLLM policy tests on cuda (tests/agents/test_vllm_policy.py), if vLLM's CUDA build imports
+#   5. rollout throughput, vLLM vs transformers generate, on cuda with a bigger model, and the vLLM
+#      backend's multi-turn rollout against a standalone engine fed the same prompts
+#   6. a few RL steps with the vLLM rollout backend (agent.backend=vllm) on cuda
 #
 #     PYTHON=/path/to/venv/bin/python OUT=/tmp/gpu_check bash scripts/gpu_check.sh
 #
@@ -15,7 +18,7 @@
 # On the lent GPU machine (no internet; its image has CUDA torch, transformers, accelerate, peft):
 # run `bash scripts/gpu_wheels.sh` here first and carry `.whl` (hydra, omegaconf, gymnasium...);
 # with no .venv the image's python3 runs the repository in place. vLLM's CUDA wheels are too big
-# to carry there, so stage 4 then measures transformers generate alone and stages 3 and 5 skip.
+# to carry there, so stage 5 then measures transformers generate alone and stages 4 and 6 skip.
 # Every stage is timed and has its own time limit; a failed stage does not stop the later ones,
 # and the script exits 1 if any stage failed. Figures are printed at the end.
 set -euo pipefail
@@ -89,36 +92,51 @@ TRAIN_ARGS=(trainer.device=cuda trainer.mixed_precision=bf16 trainer.steps=3 tra
             trainer.eval_episodes=16 trainer.tasks_per_step=4 trainer.group_size=4 agent.warmstart.steps=20
             trainer.progress=false trainer.tensorboard=false)
 
-# ---------------------------------------------------------------- 2. training on cuda, bf16
-stage train_bf16 150 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" "hydra.run.dir=$OUT/train_bf16"
+# ---------------------------------------------------------------- 2. the learner's MFU, ~0.5B, bf16
+stage bench_mfu 90 "$PYTHON" scripts/bench_mfu.py --device cuda --rows 64 --seq-len 1024 --micro-batch-size 16 \
+  --json "$OUT/bench_mfu.json"
+stage bench_mfu_4k 90 "$PYTHON" scripts/bench_mfu.py --device cuda --rows 16 --seq-len 4096 --micro-batch-size 4 \
+  --json "$OUT/bench_mfu_4k.json"
+
+# ---------------------------------------------------------------- 3. training on cuda, bf16
+stage train_bf16 120 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" "hydra.run.dir=$OUT/train_bf16"
 
 # asynchronous rollouts on cuda: sampling (its own copy of the policy) overlaps the bf16 update
-stage train_async 150 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" trainer.async_rollouts=true \
+stage train_async 120 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" trainer.async_rollouts=true \
   trainer.max_staleness=1 algorithm.tis=token "hydra.run.dir=$OUT/train_async"
 
-# ---------------------------------------------------------------- 3. the vLLM policy tests on cuda
+# ---------------------------------------------------------------- 4. the vLLM policy tests on cuda
 if [ "$HAVE_VLLM" -eq 1 ]; then
   stage vllm_tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/agents/test_vllm_policy.py
 else
   skip vllm_tests "vLLM's CUDA build does not import (see $OUT/vllm_import.log)"
 fi
 
-# ---------------------------------------------------------------- 4. rollout throughput on cuda
+# ---------------------------------------------------------------- 5. rollout throughput on cuda
 if [ "$HAVE_VLLM" -eq 1 ]; then
   # ~220M parameters: 16 layers x 1024, head size 64, bf16 on both backends
-  stage bench_rollout 150 "$PYTHON" scripts/bench_rollout.py --device cuda --hidden-size 1024 --layers 16 \
+  stage bench_rollout 120 "$PYTHON" scripts/bench_rollout.py --device cuda --hidden-size 1024 --layers 16 \
     --heads 16 --kv-heads 4 --intermediate-size 4096 --dtype bfloat16 --batch-sizes 8,32,128,512 \
     --max-new-tokens 128 --repeats 2 --gpu-memory-utilization 0.4 --json "$OUT/bench_rollout.json"
 else  # transformers generate alone, same model
-  stage bench_rollout 150 "$PYTHON" scripts/bench_rollout.py --device cuda --hidden-size 1024 --layers 16 \
+  stage bench_rollout 120 "$PYTHON" scripts/bench_rollout.py --device cuda --hidden-size 1024 --layers 16 \
     --heads 16 --kv-heads 4 --intermediate-size 4096 --dtype bfloat16 --batch-sizes 8,32,128,512 \
     --max-new-tokens 128 --repeats 2 --no-vllm --json "$OUT/bench_rollout.json"
 fi
 
-# ---------------------------------------------------------------- 5. training with the vLLM rollout backend
+# the vLLM backend's multi-turn rollout against a standalone engine replaying its calls, same model
+if [ "$HAVE_VLLM" -eq 1 ]; then
+  stage bench_vllm_rollout 120 "$PYTHON" scripts/bench_vllm_rollout.py --device cuda --hidden-size 1024 --layers 16 \
+    --heads 16 --kv-heads 4 --intermediate-size 4096 --dtype bfloat16 --tasks 16 --group-size 4 --turns 8 \
+    --max-new-tokens 32 --json "$OUT/bench_vllm_rollout.json"
+else
+  skip bench_vllm_rollout "no vLLM CUDA build"
+fi
+
+# ---------------------------------------------------------------- 6. training with the vLLM rollout backend
 # trainer backend: agent.backend=vllm
 if [ "$HAVE_VLLM" -eq 1 ]; then
-  stage train_vllm 150 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" agent.backend=vllm \
+  stage train_vllm 120 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" agent.backend=vllm \
     agent.vllm.dtype=float32 agent.vllm.gpu_memory_utilization=0.3 "hydra.run.dir=$OUT/train_vllm"
 else
   skip train_vllm "no vLLM CUDA build"
@@ -128,9 +146,13 @@ fi
 echo
 echo "=== figures"
 grep -h -E "vLLM engine check|after|before|success" "$OUT"/train_*.log 2>/dev/null | tail -n 12 || true
+for log in "$OUT"/bench_mfu*.log; do
+  [ -f "$log" ] && grep -A 6 "^learner MFU" "$log" || true
+done
 if [ -f "$OUT/bench_rollout.log" ]; then
   grep -A 20 "^rollout:" "$OUT/bench_rollout.log" || true
 fi
+[ -f "$OUT/bench_vllm_rollout.log" ] && grep -A 4 "^vLLM rollout vs" "$OUT/bench_vllm_rollout.log" || true
 grep -h -E "passed|failed|skipped" "$OUT/vllm_tests.log" 2>/dev/null | tail -n 1 || true
 echo
 echo "=== stages (logs in $OUT)"

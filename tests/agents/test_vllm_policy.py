@@ -218,8 +218,17 @@ def test_bad_prompts_are_refused_with_the_numbers(policy, prompts):
         policy.generate([prompts[1], too_long], SAMPLED)
     with pytest.raises(ValueError, match="non-empty"):
         policy.generate([[]], SAMPLED)
-    with pytest.raises(ValueError, match="int token ids"):
-        policy.generate([["hello"]], SAMPLED)
+    for bad in (["hello"], prompts[1][:-1] + [True], prompts[1][:-1] + [7.0]):
+        with pytest.raises(ValueError, match="int token ids"):
+            policy.generate([prompts[0], bad], SAMPLED)
+
+
+def test_numpy_ids_sample_what_the_same_python_ints_do(policy, prompts):
+    state = policy.rng_state()
+    as_ints = policy.generate([prompts[0], prompts[1]], SAMPLED)
+    policy.set_rng_state(state)
+    as_numpy = policy.generate([list(np.asarray(prompts[0], dtype=np.int64)), tuple(np.asarray(prompts[1]))], SAMPLED)
+    assert as_numpy == as_ints
 
 
 def test_a_partial_push_updates_those_weights_only(policy, vmodel, prompts):

@@ -300,11 +300,14 @@ class VLLMPolicy:
         if not prompts:
             return []
         self._check_awake()
+        ids = []
         for row, prompt in enumerate(prompts):
             if not isinstance(prompt, (list, tuple)) or not prompt:
                 raise ValueError(f"prompt {row} must be a non-empty list of token ids, got {prompt!r:.80}")
-            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+            kinds = set(map(type, prompt))  # one pass in C: a per-token isinstance was ~1/3 of the wrapper's time
+            if not all(issubclass(k, (int, np.integer)) and not issubclass(k, bool) for k in kinds):
                 raise ValueError(f"prompt {row} must hold int token ids only")
+            ids.append(list(prompt) if kinds == {int} else [int(t) for t in prompt])
             if len(prompt) + params.max_new_tokens > self.max_model_len:
                 raise ValueError(
                     f"prompt {row} has {len(prompt)} tokens; with max_new_tokens={params.max_new_tokens} that is "
@@ -313,7 +316,7 @@ class VLLMPolicy:
                     "episodes earlier (RolloutCollector's max_context_tokens).")
         seeds = [None] * len(prompts) if params.greedy else self.rng.integers(0, _SEED_BOUND, size=len(prompts))
         sampling = [self._vllm_params(params, None if s is None else int(s)) for s in seeds]
-        inputs = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+        inputs = [{"prompt_token_ids": p} for p in ids]
         outputs = self.llm.generate(inputs, sampling, use_tqdm=False)
         return [self._generation(out, params) for out in outputs]
 

@@ -48,6 +48,7 @@ Version History:
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -66,6 +67,13 @@ HELD_OUT_BUCKETS = 4  # one hash bucket in four is the test split
 def is_held_out(n: int, secret: int) -> bool:
     """Whether the task ``(n, secret)`` belongs to the test split (a stable hash)."""
     return zlib.crc32(f"{n}:{secret}".encode()) % HELD_OUT_BUCKETS == 0
+
+
+@functools.lru_cache(maxsize=64)
+def _split(lowest_upper: int, n: int, is_test: bool) -> tuple[tuple[int, int], ...]:
+    """The ``(upper, secret)`` tasks of one split, uppers ``lowest_upper..n``: computed once per
+    range (an episode's reset reads it; hashing every task of ``n=1000`` took ~1 ms each time)."""
+    return tuple((u, s) for u in range(lowest_upper, n + 1) for s in range(1, u + 1) if is_held_out(u, s) == is_test)
 
 
 class GuessNumberEnv(MultiTurnEnv):
@@ -101,9 +109,7 @@ class GuessNumberEnv(MultiTurnEnv):
 
     def split_tasks(self, split: str) -> tuple[tuple[int, int], ...]:
         """All ``(n, secret)`` tasks of a split."""
-        uppers = range(self.n_min if self.n_min is not None else self.n, self.n + 1)
-        is_test = split == "test"
-        return tuple((u, s) for u in uppers for s in range(1, u + 1) if is_held_out(u, s) == is_test)
+        return _split(self.n_min if self.n_min is not None else self.n, self.n, split == "test")
 
     @property
     def invalid_reply(self) -> str:
