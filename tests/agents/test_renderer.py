@@ -109,3 +109,28 @@ def test_add_sampled_rejects_ids_and_logprobs_of_different_lengths(renderer):
     conv = renderer.start(OPENING)
     with pytest.raises(ValueError, match="logprobs"):
         renderer.add_sampled(conv, [1, 2, 3], [0.0, 0.0])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5", "qwen3", "llama3_1", "gemma3"])
+def test_encode_gives_the_ids_of_the_tokenizers_own_call_and_follows_its_settings(family):
+    from turnrl.agents.tiny_hf import template_tokenizer
+
+    corpus = ["higher, between 17 and 1000", "<tool_call>{\"name\": \"calc\"}</tool_call> café naïve 😀"]
+    tokenizer = template_tokenizer(family, corpus * 20, vocab_size=400)
+    renderer = ChatRenderer(tokenizer)
+    assert renderer._backend is not None  # the direct path is taken for a fast tokenizer
+    special = sorted(tokenizer.all_special_tokens, key=len)[-1]
+    texts = ["", " ", "higher, between 17 and 1000\n", f"{special}user\n{corpus[1]}{special}\n\n", "x" * 300]
+
+    def own(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    assert [renderer.encode(t) for t in texts] == [own(t) for t in texts]
+    # the backend left truncating, or splitting special tokens: the tokenizer's own call decides
+    tokenizer._tokenizer.enable_truncation(max_length=4)
+    assert renderer.encode(texts[4]) == own(texts[4]) and len(own(texts[4])) > 4
+    tokenizer._tokenizer.no_truncation()
+    whole = own(texts[3])
+    tokenizer.split_special_tokens = True  # the backend still keeps them whole until the next own call
+    assert renderer.encode(texts[3]) == own(texts[3]) != whole
+    assert len(own(texts[3])) > len(whole)

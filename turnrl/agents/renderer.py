@@ -92,6 +92,9 @@ class ChatRenderer:
         self.format = chat_format if isinstance(chat_format, ChatFormat) else resolve(chat_format, tokenizer.chat_template)
         self.template_kwargs = dict(template_kwargs or {})
         self.on_rewrite = on_rewrite
+        # a fast tokenizer's Rust backend, encoded directly where that is what its __call__ does
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._backend = backend if type(backend).__module__.startswith("tokenizers") else None
         vocab = tokenizer.get_vocab()
         self.end_ids = frozenset({vocab[t] for t in self.format.end_of_turn if t in vocab}
                                  | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
@@ -156,7 +159,16 @@ class ChatRenderer:
         return prompt_text[at:] if not rest.strip() or rest.strip() == close_tag else ""
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of template text (no BOS/EOS added; special tokens in the text are kept)."""
+        """Token ids of template text (no BOS/EOS added; special tokens in the text are kept).
+
+        A fast tokenizer's ``__call__`` ends in its Rust backend's ``encode_batch`` after
+        turning truncation and padding off and setting ``encode_special_tokens`` to its
+        ``split_special_tokens``; with the backend already in that state the ids are the
+        backend's ``encode``, without ~0.2 ms of Python around it (an observation per turn)."""
+        backend = self._backend
+        if (backend is not None and backend.truncation is None and backend.padding is None
+                and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))):
+            return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ---------------------------------------------------------- conversation
