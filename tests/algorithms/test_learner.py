@@ -133,6 +133,19 @@ def test_step_coefs_reach_the_update_and_no_config_is_changed(tiny_model, rl_bat
         StepCoefs().temperature = 2.0
 
 
+def test_the_entropy_has_a_gradient_only_where_the_loss_weighs_it(tiny_model, rl_batch):
+    """Without an entropy bonus the entropy is a reported figure: computed without autograd
+    (whose graph would hold [tokens, vocab] tensors through the backward), the same values."""
+    batch, _ = rl_batch
+    for score_mask in (batch.loss_mask, None):  # the LM head on scored positions, and on all
+        _, weighed = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
+                                    score_mask=score_mask)
+        _, reported = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
+                                     score_mask=score_mask, entropy_grad=False)
+        assert weighed.requires_grad and not reported.requires_grad
+        assert torch.equal(weighed.detach(), reported) and float(reported.abs().sum()) > 0
+
+
 def test_the_temperature_scales_scoring_the_update_and_reference_kl(tiny_model, rl_batch):
     batch, advantages = rl_batch
     learner = Learner(copy.deepcopy(tiny_model), *learner_settings(lr=1e-3, kl_coef=0.1))

@@ -53,8 +53,9 @@ class PolicyForward(torch.nn.Module):
     """The training forward as one module (what DDP wraps): the policy's logprobs and
     entropies of the scored tokens and, with a shared value head, their values.
 
-    ``forward(input_ids, attention_mask, score_mask, temperature, with_entropy, segments)`` returns
-    ``(logprobs [N, T], entropy [N, T] or None, values [N, T] or None)``, 0 off ``score_mask``.
+    ``forward(input_ids, attention_mask, score_mask, temperature, with_entropy, segments,
+    entropy_grad)`` returns ``(logprobs [N, T], entropy [N, T] or None, values [N, T] or None)``,
+    0 off ``score_mask``; the entropy has a gradient only with ``entropy_grad`` (an entropy bonus).
     """
 
     def __init__(self, model, value_head: torch.nn.Module | None = None):
@@ -63,9 +64,10 @@ class PolicyForward(torch.nn.Module):
         self.value_head = value_head
 
     def forward(self, input_ids, attention_mask, score_mask, temperature: float = 1.0, with_entropy: bool = True,
-                segments=None):
+                segments=None, entropy_grad: bool = True):
         scored = token_logprobs(self.model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
-                                score_mask=score_mask, return_hidden=self.value_head is not None, segments=segments)
+                                score_mask=score_mask, return_hidden=self.value_head is not None, segments=segments,
+                                entropy_grad=entropy_grad)
         values = None
         if self.value_head is not None:
             hidden, rows, cols = scored[2]
@@ -329,7 +331,8 @@ class Learner:
         mask = mb.loss_mask
         with self._autocast(mask.device):
             logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, coefs.temperature,
-                                                      segments=mb.segment_index)
+                                                      segments=mb.segment_index,
+                                                      entropy_grad=bool(coefs.entropy_coef))
         if measure is not None and record:
             _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights,
