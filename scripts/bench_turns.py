@@ -204,14 +204,20 @@ def episode_bytes(model, trajectories) -> float:
     return total / len(trajectories)
 
 
-def run(args) -> dict:
-    torch.set_num_threads(args.threads)
+def guess_number_model(args):
+    """The tokenizer (built on GuessNumber 1..1000 episodes), its renderer and the tiny Qwen2 of
+    ``args`` (``hidden_size``, ``layers``, ``heads``, ``kv_heads``, ``intermediate_size``), in
+    eval mode, for up to 8,192 positions."""
     corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
     tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)
-    renderer = ChatRenderer(tokenizer)
     cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads,
                           num_kv_heads=args.kv_heads, intermediate_size=args.intermediate_size, max_positions=8192)
-    model = build_tiny_model(cfg, tokenizer, seed=0).eval()
+    return tokenizer, ChatRenderer(tokenizer), build_tiny_model(cfg, tokenizer, seed=0).eval()
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    tokenizer, renderer, model = guess_number_model(args)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     tasks = [Task(seed) for seed in range(args.episodes)]
     modes = [m for m in args.modes if m in MODES]

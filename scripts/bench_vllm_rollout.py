@@ -5,17 +5,18 @@ by side.
     python3 scripts/bench_vllm_rollout.py --device cuda --hidden-size 1024 --layers 16 --heads 16 \\
         --kv-heads 4 --intermediate-size 4096 --dtype bfloat16
 
-A tiny Qwen2 (random init, built from a config; the tokenizer built in code) plays ``--tasks`` x
-``--group-size`` GuessNumber episodes (1..1000, so nearly every episode runs its ``--turns``) with
-``RolloutCollector`` on ``VLLMPolicy``: per turn, one engine call over the episodes still running,
-then the env steps, the renderer, the tool-call parsing. The standalone side is what a bare vLLM
-program does with the same work: it replays every engine call of that rollout (the same token-id
-prompts, the same per-request seeds, ``max_tokens``, stop ids and ``logprobs=0``, which training
-needs) through ``vllm.LLM.generate`` on the same engine, building its requests and reading the
-ids and logprobs back, and nothing else. Its samples are checked equal to the rollout's, so both
-sides did the same work. Each side starts from an empty prefix cache; they alternate after a
-warm-up round, and the median of ``--repeats`` is kept. Printed: seconds per rollout, sampled tokens/s, and the rollout's speed
-against the engine's (engine seconds / rollout seconds; 1.0 = no overhead).
+A tiny Qwen2 (random init, built from a config; the tokenizer built in code, as ``bench_turns.py``
+builds them) plays ``--tasks`` x ``--group-size`` GuessNumber episodes (1..1000, so nearly every
+episode runs its ``--turns``) with ``RolloutCollector`` on ``VLLMPolicy``: per turn, one engine
+call over the episodes still running, then the env steps, the renderer, the tool-call parsing.
+The standalone side is what a bare vLLM program does with the same work: it replays every engine
+call of that rollout (the same token-id prompts, the same per-request seeds, ``max_tokens``, stop
+ids and ``logprobs=0``, which training needs) through ``vllm.LLM.generate`` on the same engine,
+building its requests and reading the ids and logprobs back, and nothing else. Its samples are
+checked equal to the rollout's, so both sides did the same work. Each side starts from an empty
+prefix cache; they alternate after a warm-up round, and the median of ``--repeats`` is kept.
+Printed: seconds per rollout, sampled tokens/s, and the rollout's speed against the engine's
+(engine seconds / rollout seconds; 1.0 = no overhead).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, build_tiny_model, build_tokenizer  # noqa: E402
-from turnrl.agents.scripted import corpus_texts  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_turns import guess_number_model  # noqa: E402
+from turnrl.agents import SamplingParams  # noqa: E402
 from turnrl.agents.vllm_policy import _SEED_BOUND, VLLMPolicy  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
@@ -113,12 +116,7 @@ def engine_replay(policy: VLLMPolicy, calls) -> tuple[float, bool]:
 def run(args) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    corpus = corpus_texts(GuessNumberEnv(n=1000), range(30))
-    tokenizer = build_tokenizer(corpus, vocab_size=3000, max_number=255)
-    renderer = ChatRenderer(tokenizer)
-    cfg = TinyModelConfig(hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads,
-                          num_kv_heads=args.kv_heads, intermediate_size=args.intermediate_size, max_positions=8192)
-    model = build_tiny_model(cfg, tokenizer, seed=0)
+    tokenizer, renderer, model = guess_number_model(args)
     engine = {"dtype": args.dtype, "max_model_len": 8192}
     if args.device == "cpu":
         engine["kv_cache_memory_bytes"] = args.kv_cache_mib * 2**20
