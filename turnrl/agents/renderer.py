@@ -164,7 +164,8 @@ class ChatRenderer:
         A fast tokenizer's ``__call__`` ends in its Rust backend's ``encode_batch`` after
         turning truncation and padding off and setting ``encode_special_tokens`` to its
         ``split_special_tokens``; with the backend already in that state the ids are the
-        backend's ``encode``, without ~0.2 ms of Python around it (an observation per turn)."""
+        backend's ``encode``, without the ~40 µs of Python around it (68 against 27 µs for an
+        observation; one a turn per episode)."""
         backend = self._backend
         if (backend is not None and backend.truncation is None and backend.padding is None
                 and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))):
