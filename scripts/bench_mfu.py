@@ -170,9 +170,9 @@ def run(args) -> dict:
     batch, advantages = build_batch(args, model)
     lengths = batch.attention_mask.sum(1).tolist()
     sampled = int(batch.loss_mask.sum())
-    optimizers = {"learner": Learner(copy.deepcopy(model), LossConfig(loss_agg="token-mean"),
-                                     OptimConfig(lr=1e-6, micro_batch_size=args.micro_batch_size,
-                                                 micro_batch_tokens=None, mixed_precision=args.mixed_precision))}
+    learner = Learner(copy.deepcopy(model), LossConfig(loss_agg="token-mean"),
+                      OptimConfig(lr=1e-6, micro_batch_size=args.micro_batch_size, micro_batch_tokens=None,
+                                  mixed_precision=args.mixed_precision))
     loops = {"bare": bare_step, "lean": lean_step}
     twins = {}
     for name in args.loops:
@@ -186,7 +186,7 @@ def run(args) -> dict:
     for repeat in range(args.repeats + 1):  # the first round warms up
         sync(args)
         start = time.perf_counter()
-        optimizers["learner"].update(batch, advantages)
+        learner.update(batch, advantages)
         sync(args)
         times["learner"].append(time.perf_counter() - start)
         for name, (twin, optimizer) in twins.items():
@@ -201,7 +201,7 @@ def run(args) -> dict:
     measured = matmul_tflops(args)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     peak = args.peak_tflops or next((v for k, v in DATASHEET_TFLOPS.items() if k in name), None)
-    params = sum(p.numel() for p in optimizers["learner"].model.parameters())
+    params = sum(p.numel() for p in learner.model.parameters())
     result = {"setup": {"device": name, "params_m": params / 1e6, "rows": args.rows, "tokens": sum(lengths),
                         "padded_tokens": int(batch.attention_mask.numel()), "sampled_tokens": sampled,
                         "micro_batch_size": args.micro_batch_size, "mixed_precision": args.mixed_precision,
