@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_learner_loop import bare_step, lean_step  # noqa: E402
-from turnrl.algorithms import Learner, LossConfig, OptimConfig, TrainBatch, token_logprobs  # noqa: E402
+from turnrl.algorithms import Learner, LossConfig, OptimConfig, TrainBatch, scoring, token_logprobs  # noqa: E402
 
 # dense bf16 matrix peaks by datasheet (TFLOP/s), matched against torch.cuda.get_device_name
 DATASHEET_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mixed-precision", default=None, choices=["bf16", "no"],
                         help="default: bf16 on cuda, no on cpu (bf16 autocast is slow on CPUs without bf16 "
                         "matrix units)")
+    parser.add_argument("--chunked-head", default="auto", choices=["auto", "on", "off"],
+                        help="the learner's LM head a chunk of positions at a time (turnrl.algorithms.chunked_head): "
+                        "auto, from scoring.CHUNKED_HEAD_MIN_ELEMENTS; on; off")
     parser.add_argument("--loops", default="bare,lean", help="torch loops timed beside the learner ('' for none)")
     parser.add_argument("--matmul-size", type=int, default=0, help="cube side of the rate check (0: 8192 on cuda, "
                         "1024 on cpu)")
@@ -166,6 +169,8 @@ def matmul_tflops(args) -> float:
 def run(args) -> dict:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
+    if args.chunked_head != "auto":
+        scoring.CHUNKED_HEAD_MIN_ELEMENTS[args.device] = 1 if args.chunked_head == "on" else 1 << 62
     model = build_model(args)
     batch, advantages = build_batch(args, model)
     lengths = batch.attention_mask.sum(1).tolist()
@@ -205,6 +210,7 @@ def run(args) -> dict:
     result = {"setup": {"device": name, "params_m": params / 1e6, "rows": args.rows, "tokens": sum(lengths),
                         "padded_tokens": int(batch.attention_mask.numel()), "sampled_tokens": sampled,
                         "micro_batch_size": args.micro_batch_size, "mixed_precision": args.mixed_precision,
+                        "chunked_head": args.chunked_head,
                         "repeats": args.repeats, "torch": torch.__version__,
                         "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30
                                             if args.device == "cuda" else None)},
@@ -222,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     s = r["setup"]
     print(f"learner MFU: Qwen2 {s['params_m']:.1f}M params on {s['device']}, {s['rows']} rows, {s['tokens']} tokens "
           f"({s['sampled_tokens']} sampled, {s['padded_tokens']} padded), micro-batch {s['micro_batch_size']}, "
-          f"mixed precision {s['mixed_precision']}, median of {s['repeats']}, torch {s['torch']}")
+          f"mixed precision {s['mixed_precision']}, chunked head {s['chunked_head']}, median of {s['repeats']}, "
+          f"torch {s['torch']}")
     peak = r["datasheet_tflops"]
     print(f"model FLOPs per update {r['model_tflop_per_update']:.3g} TFLOP; measured matrix rate "
           f"{r['matmul_tflops']:.3g} TFLOP/s" + (f"; datasheet {peak:.0f} TFLOP/s" if peak else ""))

@@ -3,7 +3,8 @@
 # built from a config, the tokenizer in code):
 #   1. torch sees a CUDA device
 #   2. the learner's MFU on a Qwen2.5-0.5B-shaped model under bf16 autocast, beside bare and lean
-#      torch loops (scripts/bench_mfu.py): 1k-token and 4k-token episodes
+#      torch loops (scripts/bench_mfu.py): 1k-token and 4k-token episodes; the 4k ones again with
+#      the LM head unchunked (--chunked-head off: its time and peak memory against the chunked head)
 #   3. a few RL steps on cuda with bf16 autocast (python -m turnrl.train, transformers backend),
 #      synchronous and with asynchronous rollouts (max_staleness=1)
 #   4. the vLLM policy tests on cuda (tests/agents/test_vllm_policy.py), if vLLM's CUDA build imports
@@ -97,6 +98,8 @@ stage bench_mfu 90 "$PYTHON" scripts/bench_mfu.py --device cuda --rows 64 --seq-
   --json "$OUT/bench_mfu.json"
 stage bench_mfu_4k 90 "$PYTHON" scripts/bench_mfu.py --device cuda --rows 16 --seq-len 4096 --micro-batch-size 4 \
   --json "$OUT/bench_mfu_4k.json"
+stage bench_mfu_4k_plain_head 60 "$PYTHON" scripts/bench_mfu.py --device cuda --rows 16 --seq-len 4096 \
+  --micro-batch-size 4 --chunked-head off --loops "" --repeats 2 --json "$OUT/bench_mfu_4k_plain_head.json"
 
 # ---------------------------------------------------------------- 3. training on cuda, bf16
 stage train_bf16 120 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" "hydra.run.dir=$OUT/train_bf16"

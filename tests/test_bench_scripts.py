@@ -165,8 +165,9 @@ def test_bench_trl_times_turnrl_and_trl_grpo_steps_on_both_benchmarks(tmp_path):
 def test_bench_mfu_times_the_learner_and_both_loops_and_reports_its_flops_per_second(tmp_path):
     stdout, result = run_script("bench_mfu.py", "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads",
                                 "2", "--intermediate-size", "128", "--vocab-size", "512", "--rows", "6", "--seq-len",
-                                "48", "--micro-batch-size", "4", "--repeats", "1", out=tmp_path / "mfu.json")
-    assert "learner MFU" in stdout and "TFLOP/s" in stdout
+                                "48", "--micro-batch-size", "4", "--repeats", "1", "--chunked-head", "on",
+                                out=tmp_path / "mfu.json")
+    assert "learner MFU" in stdout and "TFLOP/s" in stdout and "chunked head on" in stdout
     assert set(result["seconds"]) == {"learner", "bare", "lean"} and min(result["seconds"].values()) > 0
     s = result["setup"]
     assert s["rows"] == 6 and 6 * 12 * 2 <= s["tokens"] <= 6 * 48 and s["sampled_tokens"] < s["tokens"]

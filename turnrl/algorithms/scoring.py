@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from turnrl.algorithms.chunked_head import chunked_logprobs
 from turnrl.algorithms.segments import forward_segments
 from turnrl.algorithms.shared_prompt import decoder_hidden
 
@@ -18,6 +19,29 @@ def _hidden_and_head(model):
     if decoder is None or head is None or decoder is model:
         return None
     return decoder, head
+
+
+CHUNKED_HEAD_MIN_ELEMENTS = {"cpu": 1 << 31, "cuda": 1 << 28}
+"""By device type (others: the cuda entry), the scored positions x vocabulary entries from which
+the LM head and softmax run a chunk of positions at a time (``turnrl.algorithms.chunked_head``)
+instead of on all at once. The plain path keeps several ``[M, V]`` tensors through the backward;
+the chunked one computes the logits again in the backward. On a GPU memory is what bounds the
+micro-batch, so it chunks from a gigabyte of float32 logits (1,767 positions at Qwen's 151,936).
+On a CPU the matrix products bound the time (an update of 1,953 positions at 151,936 took 1.23x
+as long chunked, 2 cores), so it chunks only from 8 GB, where the plain path's ~25 GB would not
+fit most machines."""
+
+
+def _chunked_head(head, positions: int) -> bool:
+    """Whether ``head`` over ``positions`` rows runs chunked: large enough, and a plain
+    ``nn.Linear`` whose weight a direct read gets (no hooks, not a sharded ``DTensor``)."""
+    if type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
+        return False
+    if type(head.weight).__name__ == "DTensor":
+        return False
+    device = head.weight.device.type
+    threshold = CHUNKED_HEAD_MIN_ELEMENTS.get(device, CHUNKED_HEAD_MIN_ELEMENTS["cuda"])
+    return positions * head.weight.shape[0] >= threshold
 
 
 def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
@@ -116,15 +140,20 @@ def token_logprobs(
     target[:, 0] = False  # the first token has no context
     rows, cols = target.nonzero(as_tuple=True)
     picked_hidden = hidden[rows, cols - 1]  # [M, H]
-    logits = _scaled(_at_least_float32(head(picked_hidden)), temperature)  # [M, V]
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, input_ids[rows, cols][:, None]).squeeze(-1)
+    targets = input_ids[rows, cols]
+    weighed = with_entropy and entropy_grad and torch.is_grad_enabled()  # (the chunked entropy has no gradient)
+    if not weighed and _chunked_head(head, len(rows)):
+        picked, ent = chunked_logprobs(picked_hidden, head, targets, temperature, with_entropy)
+    else:
+        logits = _scaled(_at_least_float32(head(picked_hidden)), temperature)  # [M, V]
+        logp_all = torch.log_softmax(logits, dim=-1)
+        picked = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+                ent = _entropy(logp_all)
     out = torch.zeros((n, t), dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-            ent = _entropy(logp_all)
-            entropy = torch.zeros_like(out).index_put((rows, cols), ent)
+    entropy = None if ent is None else torch.zeros_like(out).index_put((rows, cols), ent)
     if return_hidden:
         return out, entropy, (picked_hidden, rows, cols)
     return out, entropy
