@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 CHUNK_ELEMENTS = 1 << 26
 """Logits held at a time (``chunk x V``): 256 MB in float32, 441 rows at a 151,936 vocabulary.
-``turnrl.algorithms.scoring`` takes this path when the whole ``[M, V]`` would be larger."""
+``turnrl.algorithms.scoring`` takes this path from ``CHUNKED_HEAD_MIN_ELEMENTS`` (by device)."""
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
