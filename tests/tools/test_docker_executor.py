@@ -209,6 +209,15 @@ def test_judge_names_the_limit_and_the_exit_code():
     assert "(output truncated to 4096 bytes)" in j(0, truncated=True).explanation
 
 
+def test_judge_tells_an_oom_kill_from_a_program_that_killed_itself():
+    out = OutputCap(LIMITS.output_bytes)
+    oom = judge(out, 137, None, 1.0, LIMITS, oom=True)
+    assert oom.limit == "memory" and "out of memory (limit memory_mb=256)" in oom.message()
+    own = judge(out, 137, None, 1.0, LIMITS, oom=False)  # e.g. kill -9 $PPID: the count did not go up
+    assert (own.exit_code, own.limit) == (None, None)
+    assert own.message() == "Exit code: killed\nThe program was killed by signal SIGKILL.\nstdout: (empty)"
+
+
 def test_no_engine_is_a_clear_construction_error():
     assert "docker" in EXECUTORS
     address = f"tcp://127.0.0.1:{closed_port()}"
@@ -322,6 +331,14 @@ def test_docker_fork_bombs_hit_procs_limit(dock):
     assert r.error == "limit" and "limit max_procs=32" in r.content
     r = run(dock, shell=":(){ :|:& };:")
     assert r.error == "limit" and "limit max_procs=32" in r.content
+    still_works(dock)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shell", ["kill -9 $PPID", "kill -9 $$"])
+def test_docker_program_that_kills_its_parent_or_itself_is_not_out_of_memory(dock, shell):
+    r = run(dock, shell=shell)
+    assert r.error is None and r.content == "Exit code: killed\nThe program was killed by signal SIGKILL.\nstdout: (empty)"
     still_works(dock)
 
 

@@ -122,8 +122,8 @@ def test_executor_without_url_uses_each_tools_own_server(server):
     ex = RemoteExecutor()
     try:
         assert call(ex, calc, {"expression": "6*7"}).content == "42"
-        r = call(ex, calculator, {"expression": "6*7"})  # a local tool: no server to go to
-        assert r.error == "exception" and "no tool service" in r.content
+        r = call(ex, calculator, {"expression": "6*7"})  # a local tool: no server to go to (the setup's fault)
+        assert r.error == "unavailable" and "no tool service" in r.content
     finally:
         ex.close()
 
@@ -157,14 +157,14 @@ def test_5xx_is_retried_with_backoff_until_it_works():
         assert elapsed >= 0.1 + 0.2  # two backoffs, the second doubled
 
 
-def test_retries_give_up_with_a_message_for_the_model():
+def test_retries_give_up_with_an_unavailable_result():
     flaky = Flaky(failures=100)
     with ToolServer([tool(flaky.double)]) as server:
         url = server.url
         ex = RemoteExecutor(url, retries=2, backoff_s=0.01)
         r = call(ex, remote_tools(url)[0], {"x": 1})
         ex.close()
-    assert r.error == "exception" and flaky.calls == 3
+    assert r.error == "unavailable" and flaky.calls == 3  # the server's failure, not the model's
     assert f"the tool service at {url} did not answer after 3 tries" in r.content
     assert "HTTP 503" in r.content and "backend warming up (call 3)" in r.content
 
@@ -179,12 +179,12 @@ def test_slow_tool_times_out_each_try(server, gauge):
         elapsed = time.monotonic() - start
     finally:
         ex.close()
-    assert r.error == "timeout" and "did not answer after 2 tries" in r.content and "within 0.2 s" in r.content
+    assert r.error == "unavailable" and "did not answer after 2 tries" in r.content and "within 0.2 s" in r.content
     assert elapsed < 1.0 and gauge.calls == 2
 
 
 @pytest.mark.slow
-def test_server_stopped_mid_call_gives_an_error_result(gauge):
+def test_server_stopped_mid_call_gives_an_unavailable_result(gauge):
     server = ToolServer([tool(gauge.hold)]).start()
     hold = remote_tools(server.url)[0]
     ex = RemoteExecutor(server.url, retries=2, backoff_s=0.05)
@@ -193,10 +193,10 @@ def test_server_stopped_mid_call_gives_an_error_result(gauge):
         start = time.monotonic()
         r = call(ex, hold, {"seconds": 3.0})
         elapsed = time.monotonic() - start
-        assert r.error == "exception" and "did not answer after 3 tries" in r.content
+        assert r.error == "unavailable" and "did not answer after 3 tries" in r.content
         assert elapsed < 2.0  # it did not wait for the tool: the connection was closed
         r = call(ex, hold, {"seconds": 0.0})  # nothing listens any more
-        assert r.error == "exception" and "ConnectError" in r.content
+        assert r.error == "unavailable" and "ConnectError" in r.content
     finally:
         ex.close()
         server.stop()

@@ -51,7 +51,14 @@ Tool execution: each tool runs on an executor (``turnrl.tools.executors``): the 
 ``executor_options[kind]`` and shared process-wide (``get_executor``). All calls of one turn
 run concurrently on the shared background event loop; ``step`` blocks until they finish.
 Every episode is an executor *session* (a sandbox working dir, a container...), closed by the
-next ``reset`` and by ``close``. ``areset``/``astep`` are the awaitable forms for callers on
+next ``reset`` and by ``close``. A call the model got wrong (unknown tool, bad arguments, a tool
+that refused its input, a program that crashed or hit a sandbox limit) is an error message in
+the observation; a call that failed for the infrastructure's reason (an ``"unavailable"``
+result: a sandbox that could not start, a tool server gone, a tool that hung or raised
+``ToolUnavailableError``; ``turnrl.tools.execute``) makes ``step`` raise
+``turnrl.tools.ToolUnavailableError`` instead, once every call of the turn has finished: the
+episode has ended (the rollout collector records termination ``"tool_error"``) and the env
+serves again after the next ``reset``. ``areset``/``astep`` are the awaitable forms for callers on
 their own event loop (they run ``reset``/``step`` in a worker thread).
 """
 
@@ -76,6 +83,7 @@ from turnrl.tools import (
     Tool,
     ToolCall,
     ToolResult,
+    ToolUnavailableError,
     bind_tools,
     check_call,
     example_call,
@@ -145,7 +153,8 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
     Action: the assistant turn's text (``messages.action_space``). ``truncated`` is
     True when ``max_turns`` turns pass without termination. Stepping after the
     episode ended (or before ``reset``) raises ``RuntimeError``. Any text action
-    is handled; failures show up as messages, never exceptions.
+    is handled; the model's failures show up as messages, never exceptions (a tool failure
+    that is not the model's raises ``ToolUnavailableError``: see ``step``).
 
     Args:
         tool_parser: Name of a registered tool-call parser (``turnrl.tools.PARSERS``).
@@ -304,12 +313,23 @@ class MultiTurnEnv(gymnasium.Env[tuple, str]):
         return to_observation(messages), self._info(tools=self.tool_schemas())
 
     def step(self, action: str) -> tuple[tuple, float, bool, bool, dict]:
-        """Play one assistant turn; returns ``(obs, reward, terminated, truncated, info)``."""
+        """Play one assistant turn; returns ``(obs, reward, terminated, truncated, info)``.
+
+        Raises:
+            ToolUnavailableError: If a tool call of the turn failed for a reason that is not the
+                model's (an ``"unavailable"`` result; it names the first such call's tool and
+                why). The episode has then ended without ``_on_turn`` seeing the turn: call
+                ``reset`` to go on.
+        """
         self._require_active("step()")
         if not isinstance(action, str):
             raise TypeError(f"action must be the assistant turn as str, got {type(action).__name__}")
         parse = self._read_calls(action)
         results = self._execute(parse.calls)
+        broken = next((r for r in results if r.unavailable), None)
+        if broken is not None:
+            self._done = True
+            raise ToolUnavailableError.of(broken)
         outcome = self._on_turn(action, parse, results)
         self._turn += 1
         self._success = self._success or outcome.success

@@ -1,7 +1,7 @@
 """Tools for LLM agents: schemas, call parsing, safe execution, and built-in tools."""
 
 from turnrl.tools.calculator import calculator
-from turnrl.tools.execute import ToolError, ToolResult, check_call, execute_call
+from turnrl.tools.execute import ToolError, ToolResult, ToolUnavailableError, check_call, execute_call
 from turnrl.tools.parsers import (
     FORMATTERS,
     PARSERS,
@@ -35,6 +35,7 @@ __all__ = [
     "ToolError",
     "ToolMethod",
     "ToolResult",
+    "ToolUnavailableError",
     "bind_tools",
     "calculator",
     "check_call",

@@ -1,7 +1,38 @@
-"""Execute parsed tool calls; every failure becomes an error ``ToolResult``."""
+"""Execute parsed tool calls; every failure becomes an error ``ToolResult``, classed as the
+model's or the infrastructure's.
+
+The model's failures (its call or the program it wrote was wrong) become an error message in
+the observation and the episode goes on, so the model learns from them:
+
+* ``unknown_tool``: no tool of that name;
+* ``bad_arguments``: arguments that break the tool's schema (or text a sandbox cannot carry);
+* ``exception``: a plain tool raised an ordinary exception (it refused the input), or a tool
+  server refused the call (HTTP 4xx);
+* ``limit``: a program the model wrote hit a sandbox limit (CPU, wall time, memory, output,
+  processes, file size, disk); a program that merely crashes is no error at all: its exit
+  status and output are the observation.
+
+The infrastructure's failures are ``unavailable``: nothing in the call was wrong, so the
+episode says nothing about the policy. ``MultiTurnEnv.step`` raises ``ToolUnavailableError``
+for them, and the rollout collector ends the episode with termination ``"tool_error"``
+(``turnrl.rollout.termination``). They are:
+
+* a sandbox, docker or remote executor that cannot start a sandbox or reach its backend (no
+  namespaces, the docker engine or the container gone, the tool server gone, answering 5xx or
+  nothing within its timeout, or answering what is not a result), or whose call outlived the
+  executor's ``timeout_s`` backstop (a program's own time is bounded by ``Limits.wall_s``);
+* a plain in-process tool that ran longer than its executor's ``timeout_s`` (it hung), or an
+  in-process executor with too many hung calls to take more;
+* a tool that raised ``ToolUnavailableError`` (a tool author's "not your fault, I am broken"),
+  ``ConnectionError`` (refused, reset, broken pipe), ``httpx.TransportError`` or the
+  ``requests`` library's ``ConnectionError``/``Timeout``;
+* a tool that cannot run as the env is set up: a code tool on the in-process executor, a plain
+  tool on a sandbox, a remote tool without a server.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -10,9 +41,35 @@ from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 from turnrl.tools.validation import validate_arguments
 
-ToolError = Literal[None, "unknown_tool", "bad_arguments", "exception", "timeout", "limit"]
-"""Why a call failed: no such tool, arguments that break its schema, the tool raised, it took
-longer than its executor's ``timeout_s``, or a sandbox limit stopped the program it ran."""
+ToolError = Literal[None, "unknown_tool", "bad_arguments", "exception", "limit", "unavailable"]
+"""Why a call failed (see the module docstring): ``unavailable`` is the infrastructure's
+failure, every other kind the model's."""
+
+
+class ToolUnavailableError(RuntimeError):
+    """A tool failed for a reason that is not the model's input: its backend is down, it hung.
+
+    A tool raises it to say "not your fault, I am broken"; ``MultiTurnEnv.step`` raises it when
+    a call of the turn failed that way, so the episode ends as the infrastructure's failure.
+
+    Args:
+        tool: The tool's name.
+        reason: What went wrong, for the log.
+    """
+
+    def __init__(self, tool: str, reason: str) -> None:
+        super().__init__(f"tool {tool!r} is unavailable: {reason}")
+        self.tool = tool
+        self.reason = reason
+
+    def __reduce__(self):  # picklable across processes with both arguments
+        return type(self), (self.tool, self.reason)
+
+    @classmethod
+    def of(cls, result: ToolResult) -> ToolUnavailableError:
+        """The error an ``"unavailable"`` result stands for (its tool, and its text as the reason)."""
+        name = result.call.name
+        return cls(name, result.content.removeprefix(f"Error: tool {name!r} is unavailable: "))
 
 
 @dataclass(frozen=True)
@@ -23,7 +80,7 @@ class ToolResult:
         call: The call that was executed.
         content: ``str(return value)`` on success, else an ``"Error: ..."`` text
             meant for the model.
-        error: None on success, else the failure kind.
+        error: None on success, else the failure kind (``ToolError``).
     """
 
     call: ToolCall
@@ -34,6 +91,37 @@ class ToolResult:
     def ok(self) -> bool:
         """True when the tool ran and returned normally."""
         return self.error is None
+
+    @property
+    def unavailable(self) -> bool:
+        """True when the call failed for a reason that is not the model's (``"unavailable"``)."""
+        return self.error == "unavailable"
+
+
+def unavailable_result(call: ToolCall, tool: str, reason: str) -> ToolResult:
+    """The ``"unavailable"`` result of ``call``: ``tool`` failed for ``reason``, not the model's input."""
+    return ToolResult(call, f"Error: tool {tool!r} is unavailable: {reason}", "unavailable")
+
+
+def is_infra_error(error: BaseException) -> bool:
+    """Whether an exception a tool raised is the infrastructure's, not a refusal of its input:
+    ``ToolUnavailableError``, ``ConnectionError``, ``httpx.TransportError``, or the ``requests``
+    library's ``ConnectionError``/``Timeout`` (those two only where the library is imported)."""
+    if isinstance(error, (ToolUnavailableError, ConnectionError)):
+        return True
+    httpx, requests = sys.modules.get("httpx"), sys.modules.get("requests.exceptions")
+    return ((httpx is not None and isinstance(error, httpx.TransportError))
+            or (requests is not None and isinstance(error, (requests.ConnectionError, requests.Timeout))))
+
+
+def raised_result(call: ToolCall, tool: str, error: Exception) -> ToolResult:
+    """The result of ``call`` when ``tool``'s function raised ``error``: ``"unavailable"`` for an
+    infrastructure failure (``is_infra_error``), else ``"exception"`` with the error's text."""
+    if isinstance(error, ToolUnavailableError):
+        return unavailable_result(call, tool, error.reason)
+    if is_infra_error(error):
+        return unavailable_result(call, tool, f"{type(error).__name__}: {error}")
+    return ToolResult(call, f"Error: tool {tool!r} raised {type(error).__name__}: {error}", "exception")
 
 
 def check_call(call: ToolCall, tools: Mapping[str, Tool]) -> Tool | ToolResult:
@@ -58,24 +146,23 @@ def check_call(call: ToolCall, tools: Mapping[str, Tool]) -> Tool | ToolResult:
 
 
 def run_validated(chosen: Tool, call: ToolCall) -> ToolResult:
-    """Run an already validated call in this thread; an exception becomes an error result.
+    """Run an already validated call in this thread; an exception becomes an error result
+    (``raised_result``: ``"exception"``, or ``"unavailable"`` for an infrastructure failure).
 
     A code tool (one whose ``fn`` returns a ``turnrl.tools.executors.Program``) is refused
-    with an ``"exception"`` result: its program must run in a sandboxing executor.
+    with an ``"unavailable"`` result: its program must run in a sandboxing executor, which is
+    the env's setup, not the model's call.
     """
     try:
         value = chosen.fn(**call.arguments)
     except Exception as e:
-        return ToolResult(call, f"Error: tool {chosen.name!r} raised {type(e).__name__}: {e}", "exception")
+        return raised_result(call, chosen.name, e)
     from turnrl.tools.executors.base import Program  # here: the executors package imports this module
 
     if isinstance(value, Program):
-        return ToolResult(
-            call,
-            f"Error: tool {chosen.name!r} is a code tool (it returns a Program) and cannot run in-process; "
-            f"run it with a sandboxing executor (executor='sandbox' or 'docker').",
-            "exception",
-        )
+        return unavailable_result(
+            call, chosen.name, "it is a code tool (it returns a Program) and cannot run in-process; "
+            "run it with a sandboxing executor (executor='sandbox' or 'docker').")
     return ToolResult(call, str(value), None)
 
 
@@ -90,8 +177,8 @@ def execute_call(call: ToolCall, tools: Mapping[str, Tool]) -> ToolResult:
         tools: Available tools by name.
 
     Returns:
-        The result; ``error`` is ``"unknown_tool"``, ``"bad_arguments"``,
-        ``"exception"`` or None.
+        The result; ``error`` is ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``,
+        ``"unavailable"`` or None.
     """
     checked = check_call(call, tools)
     return checked if isinstance(checked, ToolResult) else run_validated(checked, call)

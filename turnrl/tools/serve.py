@@ -8,15 +8,22 @@ The protocol (JSON over HTTP/1.1, what ``turnrl.tools.executors.remote`` speaks)
   null | str}``, where ``error`` is a ``ToolResult.error`` kind (``"bad_arguments"`` when the
   arguments break the tool's schema, ``"exception"`` when the tool raised, ...). A malformed
   body -> 400 ``{"error": "bad_request", "message": ...}`` saying what was wrong; an unknown
-  tool -> 404 ``{"error": "unknown_tool", "message": ..., "tools": [valid names]}``; a tool
-  that raised ``ToolUnavailable`` -> 503 ``{"error": "unavailable", "message": ...}`` (a
-  transient failure: clients retry).
+  tool -> 404 ``{"error": "unknown_tool", "message": ..., "tools": [valid names]}``; a call
+  whose result is ``"unavailable"`` (not the call's fault: the tool raised
+  ``ToolUnavailableError``, ``ConnectionError``..., or its executor could not run it; see
+  ``turnrl.tools.execute``) -> 503 ``{"error": "unavailable", "message": ...}`` (a transient
+  failure: clients retry, then report the call ``"unavailable"``).
 - ``POST /close_session`` with ``{"session": str}`` -> 200 ``{"closed": session}``: frees the
   session's resources on the executors its calls used.
+- ``GET /health`` -> 200 ``{"status": "ok"}`` (open without a token).
 - A server with a ``token`` (the command line reads it from the variable ``--token-env``
   names, default ``TURNRL_SERVER_TOKEN``; required when bound to an address other than
   loopback) answers a request without ``Authorization: Bearer <token>`` with 401
   ``{"error": "unauthorized", "message": ...}`` (``turnrl.http_json``).
+- Requests the HTTP layer refuses (``turnrl.http_json``: a request not in whole within
+  ``read_timeout_s``, a bad ``Content-Length``, JSON nested too deeply or with an integer of
+  thousands of digits, a method an endpoint does not take) get a 4xx ``{"error":
+  "bad_request", "message": ...}``; a POST without ``Content-Length`` gets 411.
 
 Plain tools run in the request's thread (``ThreadingHTTPServer``: one thread per
 connection) with the same validation and error texts as ``execute_call``. A tool whose
@@ -29,9 +36,7 @@ clients time out (``RemoteExecutor.timeout_s``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
-import json
 import signal
 import sys
 import threading
@@ -39,8 +44,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnrl.http_json import DEFAULT_TOKEN_ENV, HTTPError, JSONHandler, JSONServer, server_token
-from turnrl.tools.execute import ToolResult, check_call, run_validated
+from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, HTTPError, JSONHandler, JSONServer, server_token
+from turnrl.tools.execute import ToolResult, ToolUnavailableError, check_call, run_validated, unavailable_result
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool, tool, tool_map
 
@@ -51,12 +56,23 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _CALL_KEYS = ("name", "arguments", "session")
 
 
-class ToolUnavailable(Exception):
-    """Raised by a served tool for a transient failure (its backend is down, overloaded...).
+class ToolUnavailable(ToolUnavailableError):
+    """``turnrl.tools.ToolUnavailableError`` raised with the reason alone (the tool is the one
+    that raises it): ``raise ToolUnavailable("backend warming up")``.
 
-    The server answers 503, which ``RemoteExecutor`` retries with backoff, instead of an
-    ``"exception"`` result the model would see at once.
+    Like any ``"unavailable"`` failure, the server answers 503, which ``RemoteExecutor``
+    retries with backoff, instead of an error result the model would see.
     """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("", reason)
+        self.args = (reason,)
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def __reduce__(self):
+        return type(self), (self.reason,)
 
 
 class ToolServer(JSONServer):
@@ -73,10 +89,12 @@ class ToolServer(JSONServer):
             ``executor`` is not ``"inprocess"`` (e.g. ``{"sandbox": {"limits": {...}}}``).
         token: The bearer token every request must send (else 401); required unless ``host``
             is loopback. None: no token (loopback only).
+        read_timeout_s: Seconds a connection may take to deliver its next whole request
+            (idle keep-alive time included); then it is closed (``turnrl.http_json``).
 
     Raises:
-        ValueError: If two tools share a name, there are none, or ``host`` is not loopback
-            and there is no token.
+        ValueError: If two tools share a name, there are none, ``host`` is not loopback
+            and there is no token, or ``read_timeout_s`` is not positive.
         TypeError: If an item of ``tools`` is not a ``Tool``.
     """
 
@@ -90,6 +108,7 @@ class ToolServer(JSONServer):
         *,
         executor_options: Mapping[str, Mapping[str, Any]] | None = None,
         token: str | None = None,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     ) -> None:
         tools = list(tools)
         for item in tools:
@@ -97,7 +116,7 @@ class ToolServer(JSONServer):
                 raise TypeError(f"ToolServer serves Tool values (see turnrl.tools.tool), got {item!r}")
         if not tools:
             raise ValueError("ToolServer needs at least one tool to serve")
-        super().__init__(host, port, _Handler, "turnrl-tool-server", token=token)
+        super().__init__(host, port, _Handler, "turnrl-tool-server", token=token, read_timeout_s=read_timeout_s)
         self.tools: dict[str, Tool] = tool_map(tools)
         self.executor_options = {kind: dict(opts) for kind, opts in (executor_options or {}).items()}
         self._sessions: dict[str, set[str]] = {}  # session -> executor kinds its calls used
@@ -143,8 +162,8 @@ class ToolServer(JSONServer):
         """Run the call described by a decoded ``/call`` body; the 200 payload.
 
         Raises:
-            HTTPError: For a malformed body (400), an unknown tool (404) or a tool that
-                raised ``ToolUnavailable`` (503).
+            HTTPError: For a malformed body (400), an unknown tool (404) or an ``"unavailable"``
+                result (503).
         """
         call, session = _parse_call(body)
         checked = check_call(call, self.tools)
@@ -153,6 +172,8 @@ class ToolServer(JSONServer):
                 raise HTTPError(404, "unknown_tool", message=checked.content, tools=sorted(self.tools))
             return {"content": checked.content, "error": checked.error}
         result = self._run(checked, call, session)
+        if result.unavailable:  # not the call's fault, maybe transient: clients retry
+            raise HTTPError(503, "unavailable", message=result.content)
         return {"content": result.content, "error": result.error}
 
     def handle_close(self, body: Any) -> dict:
@@ -167,14 +188,14 @@ class ToolServer(JSONServer):
 
     def _run(self, chosen: Tool, call: ToolCall, session: str) -> ToolResult:
         if chosen.executor == "inprocess":
-            return _run_here(chosen, call)
+            return run_validated(chosen, call)
         from turnrl.tools.executors import get_executor  # lazily: the executors import tools
         from turnrl.tools.executors.loop import run_sync
 
         try:
             executor = get_executor(chosen.executor, **self.executor_options.get(chosen.executor, {}))
         except Exception as e:  # unknown kind, or an executor that cannot start on this host
-            return ToolResult(call, f"Error: tool {chosen.name!r} cannot run on this server: {e}", "exception")
+            return unavailable_result(call, chosen.name, f"it cannot run on this server: {e}")
         with self._lock:
             self._sessions.setdefault(session, set()).add(chosen.executor)
         return run_sync(executor.arun(chosen, call, session))
@@ -217,51 +238,34 @@ def _parse_call(body: Any) -> tuple[ToolCall, str]:
     return ToolCall(name, arguments), session
 
 
-def _run_here(chosen: Tool, call: ToolCall) -> ToolResult:
-    """``run_validated`` in this thread, except that ``ToolUnavailable`` propagates (as 503)."""
-    unavailable: list[ToolUnavailable] = []
-
-    def fn(**arguments: Any) -> Any:
-        try:
-            return chosen.fn(**arguments)
-        except ToolUnavailable as e:
-            unavailable.append(e)
-            raise
-
-    result = run_validated(dataclasses.replace(chosen, fn=fn), call)
-    if unavailable:
-        message = f"tool {chosen.name!r} is temporarily unavailable: {unavailable[0]}"
-        raise HTTPError(503, "unavailable", message=message)
-    return result
-
-
 class _Handler(JSONHandler):
-    """One connection of a ``ToolServer`` (HTTP/1.1 keep-alive; idle connections close after
-    ``timeout`` seconds). Quiet: one log line per request would flood rollouts."""
+    """One connection of a ``ToolServer`` (HTTP/1.1 keep-alive; a connection idle for
+    ``read_timeout_s`` closes). Quiet: one log line per request would flood rollouts."""
 
     server_version = "turnrl-tool-server"
-    timeout = 120
     max_body_bytes = MAX_BODY_BYTES
     json_server: ToolServer
 
     def route(self, method: str, path: str) -> Any:
-        server, path = self.json_server, self.path.rstrip("/")
-        if method == "GET":
-            if path == "/tools":
-                return [t.schema() for t in server.tools.values()]
+        server, path = self.json_server, path.rstrip("/")
+        routes = {"/tools": ("GET", lambda: [t.schema() for t in server.tools.values()]),
+                  "/call": ("POST", lambda: server.handle_call(self.read_json())),
+                  "/close_session": ("POST", lambda: server.handle_close(self.read_json()))}
+        if path not in routes:
             raise self._not_found()
-        handler = {"/call": server.handle_call, "/close_session": server.handle_close}.get(path)
-        body = self._read_json()  # always read the body, so the connection stays usable
-        if handler is None:
-            raise self._not_found()
-        return handler(body)
+        allowed, handler = routes[path]
+        if method != allowed:
+            raise HTTPError(405, "bad_request", message=f"{method} is not allowed on {path}; use {allowed}")
+        return handler()
 
     def content_length(self) -> int:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if self.command == "POST" and "Content-Length" not in self.headers and "Transfer-Encoding" not in self.headers:
             self.close_connection = True
             raise HTTPError(411, "bad_request", message="send a Content-Length header with the JSON body")
-        return int(length)
+        return super().content_length()
+
+    def bad_request(self, status: int, message: str) -> HTTPError:
+        return HTTPError(status, "bad_request", message=message)
 
     def too_large(self, length: int) -> HTTPError:
         return HTTPError(413, "bad_request", message=f"the body has {length} bytes; the limit is {MAX_BODY_BYTES}")
@@ -275,12 +279,6 @@ class _Handler(JSONHandler):
     def send_json(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
         self.json_server._count(status)
         super().send_json(status, data, headers)
-
-    def _read_json(self) -> Any:
-        try:
-            return json.loads(self.read_body().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise HTTPError(400, "bad_request", message=f"the body is not valid UTF-8 JSON: {e}") from None
 
     def _not_found(self) -> HTTPError:
         return HTTPError(404, "not_found",
@@ -326,7 +324,7 @@ def load_tools(spec: str) -> list[Tool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m turnrl.tools.serve SPEC [SPEC ...] [--host H] [--port P] [--token-env VAR]``.
+    """``python -m turnrl.tools.serve SPEC [SPEC ...] [--host H] [--port P] [--token-env VAR] [--read-timeout S]``.
 
     Prints ``serving NAMES at URL`` on one line once the port is bound, then serves until
     SIGINT or SIGTERM. The bearer token comes from the environment variable ``--token-env``
@@ -340,11 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-env", default=None, metavar="VAR",
                         help="environment variable holding the bearer token clients must send (default "
                              f"{DEFAULT_TOKEN_ENV}, read when set; a token is required unless --host is loopback)")
+    parser.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
+                        help="close a connection that has not sent its next whole request within this many seconds "
+                             f"(idle time included; default {DEFAULT_READ_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
     try:
         token = server_token(args.token_env, args.host)
         tools = [t for spec in args.specs for t in load_tools(spec)]
-        server = ToolServer(tools, host=args.host, port=args.port, token=token).start()
+        server = ToolServer(tools, host=args.host, port=args.port, token=token,
+                            read_timeout_s=args.read_timeout).start()
     except (ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, ClassVar, Literal
 
 from turnrl.registry import Registry
-from turnrl.tools.execute import ToolResult
+from turnrl.tools.execute import ToolResult, raised_result, unavailable_result
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
 
@@ -40,6 +40,10 @@ __all__ = [
 LimitHit = Literal["cpu", "wall", "memory", "output", "procs", "file", "disk"]
 SHOWN_CHARS = 4_000
 """``RunResult.message()`` keeps at most this many characters of stdout and of stderr."""
+BACKSTOP_MARGIN_S = 5.0
+"""A sandboxing executor's ``timeout_s`` exceeds ``Limits.wall_s`` by at least this much (the
+time to start a sandbox and to collect a killed one), so a program stopped at its wall time is
+reported as such, never as the backstop's ``"unavailable"``."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,16 @@ class Limits:
             return cls(**dict(value))
         raise TypeError(f"limits must be a Limits or a mapping of its fields, got {type(value).__name__}")
 
+    def check_backstop(self, timeout_s: float, kind: str) -> None:
+        """Raise ValueError unless ``timeout_s`` (the ``kind`` executor's backstop for a sandbox
+        that hangs) exceeds ``wall_s`` by at least ``BACKSTOP_MARGIN_S``."""
+        if timeout_s < self.wall_s + BACKSTOP_MARGIN_S:
+            raise ValueError(
+                f"the {kind} executor's timeout_s={timeout_s} must exceed limits.wall_s={self.wall_s} by at least "
+                f"{BACKSTOP_MARGIN_S} s: wall_s stops a program that runs too long (the model's failure), timeout_s "
+                f"is the backstop for a sandbox that hangs (the infrastructure's); set timeout_s >= "
+                f"{self.wall_s + BACKSTOP_MARGIN_S} or lower wall_s")
+
     def explain(self, limit: LimitHit) -> str:
         """The sentence the model sees when ``limit`` stopped its program."""
         return {
@@ -219,7 +233,8 @@ class Executor(ABC):
 
     Args:
         max_concurrency: Calls that may run at once, over all sessions.
-        timeout_s: Seconds one call may take before it becomes a ``"timeout"`` error result.
+        timeout_s: Seconds one call may take in all before it becomes an ``"unavailable"``
+            result (``timeout_result``).
     """
 
     kind: ClassVar[str] = ""
@@ -247,7 +262,8 @@ class Executor(ABC):
     @abstractmethod
     async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
         """Run ``call`` of ``tool`` for ``session`` (an episode id); arguments are already
-        validated. Never raises for ordinary failures: they become error results."""
+        validated. Never raises for ordinary failures: they become error results, the model's
+        kinds or ``"unavailable"`` for the infrastructure's (``turnrl.tools.execute``)."""
 
     def close_session(self, session: str) -> None:
         """Free the resources of ``session`` (temp dirs, containers); a no-op by default."""
@@ -256,8 +272,10 @@ class Executor(ABC):
         """Free every resource of the executor; a no-op by default."""
 
     def program_of(self, tool: Tool, call: ToolCall) -> Program | ToolResult:
-        """The ``Program`` a code tool builds from the call's arguments, or the ``"exception"``
-        result to return when the tool raises or is not a code tool (for sandbox-like executors)."""
+        """The ``Program`` a code tool builds from the call's arguments (for sandbox-like
+        executors), or the result to return instead: ``"bad_arguments"`` for text a sandbox
+        cannot carry, ``raised_result`` when the tool raises, ``"unavailable"`` when it is not a
+        code tool (the env's setup, not the call)."""
         for name, value in call.arguments.items():
             problem = _bad_text(value)
             if problem is not None:
@@ -268,20 +286,18 @@ class Executor(ABC):
         except BadProgram as e:
             return ToolResult(call, f"Error: bad arguments for tool {tool.name!r}: {e}", "bad_arguments")
         except Exception as e:
-            return ToolResult(call, f"Error: tool {tool.name!r} raised {type(e).__name__}: {e}", "exception")
+            return raised_result(call, tool.name, e)
         if not isinstance(program, Program):
-            return ToolResult(call, f"Error: tool {tool.name!r} is not a code tool: the {self.kind} executor runs "
-                                    f"tools whose fn returns a Program, got {type(program).__name__}", "exception")
+            return unavailable_result(call, tool.name, f"it is not a code tool: the {self.kind} executor runs "
+                                                       f"tools whose fn returns a Program, got {type(program).__name__}")
         return program
 
     def timeout_result(self, tool: Tool, call: ToolCall) -> ToolResult:
-        """The ``"timeout"`` result for a call that took longer than ``timeout_s``."""
-        return ToolResult(
-            call,
-            f"Error: tool {tool.name!r} took longer than {self.timeout_s} s and was stopped; "
-            "try a smaller input or a faster approach.",
-            "timeout",
-        )
+        """The ``"unavailable"`` result of a call that took longer than ``timeout_s``: a plain
+        tool that hung, or a sandbox that outlived the backstop above its program's own limits;
+        neither is the model's doing."""
+        return unavailable_result(call, tool.name, f"the call took longer than {self.timeout_s} s (the {self.kind} "
+                                                   "executor's timeout_s) and was abandoned")
 
 
 EXECUTORS: Registry = Registry("executor")

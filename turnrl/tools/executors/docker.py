@@ -24,8 +24,12 @@ unlinked temp file, sets RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_NPROC
 process of the session (``kill(-1)`` as that uid) after ``wall_s`` or once stdout+stderr
 exceed ``output_bytes``; if that does not end the run, the container itself is killed and
 the session gets a fresh one on its next call. Which limit stopped a run is read as in the
-sandbox executor (exit signal and the program's error text; an unexplained SIGKILL is the
-memory cgroup's OOM killer).
+sandbox executor (exit signal and the program's error text). A SIGKILL the executor did not
+send is the memory cgroup's OOM killer only when the container's OOM kill count (its cgroup's
+``memory.events``, or ``memory.oom_control`` under cgroup v1) went up since the last such
+check; otherwise the program killed itself (e.g. ``kill -9 $PPID``: the parent of a
+``docker exec`` is outside the container, so that is ``kill(0)``, its own process group) and
+is told it was killed by SIGKILL.
 
 Everything that does not need an engine is a pure function or class here
 (``container_options``, ``expired_containers``, ``ContainerPool``, ``launcher_argv``,
@@ -38,6 +42,7 @@ import asyncio
 import math
 import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -47,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnrl.tools.execute import ToolResult
+from turnrl.tools.execute import ToolResult, unavailable_result
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
 from turnrl.tools.executors.docker_image import BUILD_HINT, DEFAULT_IMAGE
 from turnrl.tools.executors.verdict import OutputCap, verdict
@@ -121,6 +126,10 @@ except OSError as e:
 """
 KILL_ALL = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
 """Run as a session's uid: kills every process of that uid in the container but the caller."""
+OOM_KILLS = ("for path in ('/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control'):\n"
+             "    try:\n        lines = open(path).read().splitlines()\n    except OSError:\n        continue\n"
+             "    print(dict(line.split(' ', 1) for line in lines if ' ' in line).get('oom_kill', ''))\n    break\n")
+"""Prints the container's OOM kill count (cgroup v2, else v1), or nothing where none is read."""
 
 
 class DockerUnavailable(RuntimeError):
@@ -346,11 +355,13 @@ def launcher_argv(program: Program, limits: Limits) -> list[str]:
 
 
 def judge(output: OutputCap, exit_code: int | None, killed: LimitHit | None, duration: float,
-          limits: Limits) -> RunResult:
+          limits: Limits, oom: bool | None = None) -> RunResult:
     """The ``RunResult`` of a run (``verdict.verdict``): ``exit_code`` is the exec's status
-    (128 + n for signal n; None if unknown); a SIGKILL the executor did not send is the
-    memory cgroup's OOM killer."""
-    return verdict(output, exit_code, killed, duration, limits, sigkill="memory",
+    (128 + n for signal n; None if unknown). A SIGKILL the executor did not send is the memory
+    cgroup's OOM killer when ``oom`` (the container's OOM kill count went up), the program's
+    own doing when not (it is told it was killed by SIGKILL), and taken for the OOM killer
+    when ``oom`` is None (the count could not be read)."""
+    return verdict(output, exit_code, killed, duration, limits, sigkill=None if oom is False else "memory",
                    unknown_status="The program's exit status is unknown (its container did not report it).")
 
 
@@ -377,13 +388,20 @@ class DockerExecutor(Executor):
         base_url: The engine (e.g. ``"unix:///var/run/docker.sock"``); default ``$DOCKER_HOST``
             or the standard socket.
         max_concurrency: Runs at once, over all sessions.
-        timeout_s: Seconds one call may take in all, including starting its container.
+        timeout_s: Seconds one call may take in all, including starting its container: the
+            backstop for an engine that hangs, at least ``BACKSTOP_MARGIN_S`` above
+            ``limits.wall_s``.
+
+    A call whose container cannot be started or used (the engine or the container gone) or
+    that outlives ``timeout_s`` gets an ``"unavailable"`` result: the infrastructure's
+    failure, not the model's (``turnrl.tools.execute``).
 
     Raises:
         DockerUnavailable: If no engine answers at the address (the message names it and says
             to start one or use executor ``"sandbox"``), or the image is missing and cannot be
             pulled (the message says how to build the default one).
-        ValueError: If an option is out of range.
+        ValueError: If an option is out of range, or ``timeout_s`` is not above ``limits.wall_s``
+            by ``BACKSTOP_MARGIN_S``.
     """
 
     kind = "docker"
@@ -403,6 +421,7 @@ class DockerExecutor(Executor):
     ) -> None:
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self.limits = Limits.coerce(limits)
+        self.limits.check_backstop(self.timeout_s, self.kind)
         self.config = DockerConfig(image=image, pool_size=pool_size, ttl_s=ttl_s, cpus=cpus, workdir_mb=workdir_mb)
         self.client = connect(base_url, pool=2 * max_concurrency + 8)
         _ensure_image(self.client, image)
@@ -410,6 +429,7 @@ class DockerExecutor(Executor):
         self._pool = ContainerPool(pool_size, self.config.min_life_s)
         self._lock = threading.Lock()
         self._session_locks: dict[str, threading.Lock] = {}
+        self._oom_kills: dict[str, int] = {}  # container id -> its OOM kill count when last read
         self._closed = False
         self._last_reap = 0.0
         self._runs = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="turnrl-docker")
@@ -433,10 +453,9 @@ class DockerExecutor(Executor):
             except asyncio.TimeoutError:
                 return self.timeout_result(tool, call)
             except _ContainerGone as e:
-                return ToolResult(call, f"Error: tool {tool.name!r} could not run: {e}", "exception")
+                return unavailable_result(call, tool.name, str(e))
             except Exception as e:  # an engine failure the SDK did not wrap: still a result, not a crash
-                return ToolResult(call, f"Error: tool {tool.name!r} could not run in docker: "
-                                        f"{type(e).__name__}: {e}", "exception")
+                return unavailable_result(call, tool.name, f"it could not run in docker: {type(e).__name__}: {e}")
         return ToolResult(call, result.message(), "limit" if result.limit else None)
 
     def run_blocking(self, argv: list[str], session: str) -> RunResult:
@@ -559,7 +578,21 @@ class DockerExecutor(Executor):
                 timer.cancel()
             _close(stream)
         exit_code = self._exit_code(exec_id)
-        return judge(output, exit_code, killed[0] if killed else None, time.monotonic() - start, limits)
+        duration = time.monotonic() - start
+        oom = self._new_oom_kill(box) if exit_code == 128 + signal.SIGKILL and not killed else None
+        return judge(output, exit_code, killed[0] if killed else None, duration, limits, oom)
+
+    def _new_oom_kill(self, box: Box) -> bool | None:
+        """Whether the OOM killer struck in ``box`` since this was last asked (None: unknown)."""
+        try:
+            exec_id = self.client.api.exec_create(box.id, ["python3", "-I", "-S", "-c", OOM_KILLS])["Id"]
+            count = int(self.client.api.exec_start(exec_id).strip())
+        except (*_docker_errors(), ValueError):
+            return None
+        with self._lock:
+            before = self._oom_kills.get(box.id, 0)
+            self._oom_kills[box.id] = count
+        return count > before
 
     def _exit_code(self, exec_id: str) -> int | None:
         deadline = time.monotonic() + KILL_GRACE_S
@@ -621,6 +654,8 @@ class DockerExecutor(Executor):
                 self._remove(box)
 
     def _remove(self, box: Box) -> None:
+        with self._lock:
+            self._oom_kills.pop(box.id, None)
         try:
             self.client.api.remove_container(box.id, force=True)
         except _docker_errors():

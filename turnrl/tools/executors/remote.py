@@ -6,8 +6,8 @@
 ``RemoteExecutor`` POSTs each call to ``{url}/call`` with an ``httpx.AsyncClient``, one try
 at most ``timeout_s`` seconds, and retries connection errors, timeouts and 5xx answers with
 exponential backoff (never 4xx: the same request would be refused again). When every try
-failed the model gets an error result saying the tool service did not answer, never an
-exception.
+failed the result is ``"unavailable"`` (the infrastructure's failure, not the model's: the env
+ends the episode with ``ToolUnavailableError``), never an exception.
 
 Tokens: the bearer token is read from the environment variable ``token_env`` names (default
 ``TURNRL_SERVER_TOKEN``; unset or empty: none is sent) when the executor is made, so env
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import urlsplit
 
 from turnrl.http_json import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
-from turnrl.tools.execute import ToolError, ToolResult
+from turnrl.tools.execute import ToolError, ToolResult, unavailable_result
 from turnrl.tools.executors.base import EXECUTORS, Executor
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool
@@ -157,9 +157,10 @@ class RemoteExecutor(Executor):
     ``4 * backoff_s``, ... seconds, at most ``retries`` times; a 4xx answer is final (404 gives an
     ``"unknown_tool"`` result with the server's list of names). A try that timed out may still
     have run on the server, so a retried call can run twice: serve tools whose repeats are
-    harmless, or pass ``retries=0``. When all tries failed the result
-    is ``"timeout"`` (the last try timed out) or ``"exception"``, with a text saying the tool
-    service did not answer. A 401 raises ``RemoteToolTokenError`` (see the module docstring).
+    harmless, or pass ``retries=0``. When all tries failed the result is ``"unavailable"``, with
+    a text saying the tool service did not answer and the last problem; so is an answer that
+    is not a result, and a tool with no server to go to. A 4xx answer is the call's failure
+    (``"exception"``). A 401 raises ``RemoteToolTokenError`` (see the module docstring).
     A call therefore takes at most about
     ``(retries + 1) * timeout_s + backoff_s * (2 ** retries - 1)`` seconds.
 
@@ -216,12 +217,8 @@ class RemoteExecutor(Executor):
     async def arun(self, tool: Tool, call: ToolCall, session: str) -> ToolResult:
         url = self.url_for(tool)
         if url is None:
-            return ToolResult(
-                call,
-                f"Error: tool {tool.name!r} has no tool service to run on; give the executor a url "
-                "(executor_options={'remote': {'url': ...}}) or build the tool with remote_tools(url).",
-                "exception",
-            )
+            return unavailable_result(call, tool.name, "it has no tool service to run on; give the executor a url "
+                                      "(executor_options={'remote': {'url': ...}}) or build the tool with remote_tools(url)")
         with self._lock:
             self._sessions.setdefault(session, set()).add(url)
         import httpx
@@ -232,7 +229,7 @@ class RemoteExecutor(Executor):
             return ToolResult(call, f"Error: the arguments of tool {tool.name!r} are not JSON: {e}", "exception")
         async with self.slot():
             client = self._client()
-            problem, kind = "", "exception"
+            problem = ""
             for attempt in range(self.retries + 1):
                 if attempt:
                     await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -242,30 +239,25 @@ class RemoteExecutor(Executor):
                         self.timeout_s,
                     )
                 except (httpx.TimeoutException, asyncio.TimeoutError):
-                    problem, kind = f"no answer within {self.timeout_s} s", "timeout"
+                    problem = f"no answer within {self.timeout_s} s"
                     continue
                 except httpx.TransportError as e:
-                    problem, kind = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, "exception"
+                    problem = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                     continue
                 except httpx.HTTPError as e:  # an answer that cannot be read: the same again would not be
-                    return ToolResult(call, f"Error: the tool service at {url} sent an answer that cannot be "
-                                            f"read ({type(e).__name__}: {e}).", "exception")
+                    return unavailable_result(call, tool.name, f"the tool service at {url} sent an answer that "
+                                                               f"cannot be read ({type(e).__name__}: {e})")
                 if response.status_code == 401:
                     sent = "Authorization" in self._headers
                     raise RemoteToolTokenError(f"tool {tool.name!r}: POST {url}/call: HTTP 401: "
                                                f"{refused_message(url, self.token_env, sent)}")
                 if response.status_code >= 500:
-                    problem, kind = f"HTTP {response.status_code}: {_server_message(response)}", "exception"
+                    problem = f"HTTP {response.status_code}: {_server_message(response)}"
                     continue
                 return _decode(response, call, url)
         tries = self.retries + 1
-        return ToolResult(
-            call,
-            f"Error: tool {tool.name!r} is unavailable: the tool service at {url} did not answer after "
-            f"{tries} {'try' if tries == 1 else 'tries'} (last problem: {problem}). Try again later or "
-            "do without this tool.",
-            kind,  # type: ignore[arg-type]
-        )
+        return unavailable_result(call, tool.name, f"the tool service at {url} did not answer after {tries} "
+                                                   f"{'try' if tries == 1 else 'tries'} (last problem: {problem})")
 
     def close_session(self, session: str) -> None:
         """Ask the servers this session's calls went to to free its resources (best effort:
@@ -356,10 +348,6 @@ def _decode(response: httpx.Response, call: ToolCall, url: str) -> ToolResult:
         or not isinstance(payload.get("content"), str)
         or not (payload.get("error") is None or payload.get("error") in _ERROR_KINDS)
     ):
-        return ToolResult(
-            call,
-            f"Error: the tool service at {url} sent an answer that is not "
-            '{"content": str, "error": null or an error kind}; the call may not have run.',
-            "exception",
-        )
+        return unavailable_result(call, call.name, f"the tool service at {url} sent an answer that is not "
+                                  '{"content": str, "error": null or an error kind}; the call may not have run')
     return ToolResult(call, payload["content"], payload["error"])

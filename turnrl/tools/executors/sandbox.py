@@ -73,7 +73,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Mapping
 
-from turnrl.tools.execute import ToolResult
+from turnrl.tools.execute import ToolResult, unavailable_result
 from turnrl.tools.executors import seccomp
 from turnrl.tools.executors.base import EXECUTORS, Executor, LimitHit, Limits, Program, RunResult
 from turnrl.tools.executors.cgroup import MemoryCgroups, RunCgroup
@@ -107,9 +107,10 @@ JOIN_CGROUP = 'echo $$ > "$0" && exec "$@"'
 """``sh -c`` script: move this shell into the cgroup whose ``cgroup.procs`` is $0, then exec."""
 
 LAUNCHER = r"""
-import json, marshal, os, resource, stat, sys
+import json, marshal, os, resource, signal, stat, sys
 H = %d
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # pid 1 ignores what it has no handler for: a program's SIGINT too
 def read_exact(n):
     parts = []
     while n:
@@ -122,6 +123,7 @@ def read_exact(n):
 spec = json.loads(read_exact(int(read_exact(H))))
 out = spec["state_fd"]
 os.set_inheritable(out, False)
+os.write(out, b"S")  # started: what follows is the program's doing, never the sandbox's start
 left, dirs = spec["state_bytes"], []
 while left > 0:
     n = int(read_exact(H))
@@ -162,8 +164,7 @@ if pid == 0:
     try:
         for name, soft, hard in spec["limits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
-        import signal
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        for sig in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
         os.execvp(argv[0], argv)
     except OSError as e:
@@ -187,15 +188,22 @@ def record(path, kind, mode, data):
     while view:
         view = view[os.write(out, view):]
 try:
-    for root, subdirs, files in os.walk("."):
-        for name in subdirs + files:
-            path = os.path.join(root, name)[2:]
+    tops = [""]  # no recursion (os.walk's): a tree may be deeper than Python's stack
+    while tops:
+        top = tops.pop()
+        try:
+            names = os.listdir(top or ".")
+        except OSError:
+            continue
+        for name in names:
+            path = top + "/" + name if top else name
             try:
                 st = os.lstat(path)
                 if stat.S_ISLNK(st.st_mode):
                     record(path, "l", 0, os.readlink(path))
                 elif stat.S_ISDIR(st.st_mode):
                     record(path, "d", stat.S_IMODE(st.st_mode), b"")
+                    tops.append(path)
                 elif stat.S_ISREG(st.st_mode):
                     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                     with os.fdopen(fd, "rb") as f:
@@ -212,7 +220,9 @@ os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os
 
 
 class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing or cannot create the namespaces it needs on this machine."""
+    """bubblewrap is missing or cannot create the namespaces it needs on this machine, or a
+    sandbox did not start for a call (at construction it is raised; a call gets an
+    ``"unavailable"`` result)."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +358,8 @@ class SandboxExecutor(Executor):
         limits: Per-run limits (a ``Limits`` or a mapping of its fields). ``memory_mb`` bounds
             the run as a whole: its processes and its tmpfs files together.
         max_concurrency: Sandboxes that may run at once, over all sessions.
-        timeout_s: Seconds one call may take in all (a backstop above ``limits.wall_s``).
+        timeout_s: Seconds one call may take in all: the backstop for a sandbox that hangs, at
+            least ``BACKSTOP_MARGIN_S`` above ``limits.wall_s`` (a call past it is ``"unavailable"``).
         bwrap: The bubblewrap binary (name on PATH or path).
         run_as: ``"auto"`` (drop to uid 65534 when running as root, else stay), None (stay)
             or a uid to drop to (needs root).
@@ -371,7 +382,12 @@ class SandboxExecutor(Executor):
     Raises:
         SandboxUnavailable: If bwrap is missing or cannot create namespaces (the message says
             ``apt-get install bubblewrap``), or ``memory="cgroup"`` finds no usable cgroup.
-        ValueError: If the limits cannot be met without a cgroup (too little ``memory_mb``).
+        ValueError: If the limits cannot be met without a cgroup (too little ``memory_mb``), or
+            ``timeout_s`` is not above ``limits.wall_s`` by ``BACKSTOP_MARGIN_S``.
+
+    A call whose sandbox cannot start (bubblewrap fails, a warm sandbox does not come up, a
+    process or cgroup cannot be made) or that outlives ``timeout_s`` gets an ``"unavailable"``
+    result: the infrastructure's failure, not the model's (``turnrl.tools.execute``).
     """
 
     kind = "sandbox"
@@ -381,6 +397,7 @@ class SandboxExecutor(Executor):
                  workdir_mb: int = 64, memory: str = "auto", pool: str = "off", pool_size: int = 4) -> None:
         super().__init__(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self.limits = Limits.coerce(limits)
+        self.limits.check_backstop(self.timeout_s, self.kind)
         if isinstance(workdir_mb, bool) or not isinstance(workdir_mb, int) or workdir_mb <= 0:
             raise ValueError(f"workdir_mb must be a positive int (MiB), got {workdir_mb!r}")
         if memory not in ("auto", "cgroup", "rlimit"):
@@ -505,10 +522,19 @@ class SandboxExecutor(Executor):
                 result = await asyncio.wait_for(self.run(program, session), self.timeout_s)
             except asyncio.TimeoutError:
                 return self.timeout_result(tool, call)
+            except SandboxUnavailable as e:
+                return unavailable_result(call, tool.name, f"its sandbox did not start: {e}")
+            except OSError as e:  # a process, pipe, cgroup or file of the host's could not be made
+                return unavailable_result(call, tool.name, f"its sandbox could not be run: {type(e).__name__}: {e}")
         return ToolResult(call, result.message(), "limit" if result.limit else None)
 
     async def run(self, program: Program, session: str) -> RunResult:
-        """Run ``program`` with ``session``'s files under ``self.limits`` (no semaphore)."""
+        """Run ``program`` with ``session``'s files under ``self.limits`` (no semaphore).
+
+        Raises:
+            SandboxUnavailable: If the sandbox did not start (the message says why).
+            OSError: If a process, pipe or cgroup for it could not be made.
+        """
         if self.pool is None:
             return await self._run_cold(program, session)
         if asyncio.get_running_loop() is not self.pool.loop:  # warm sandboxes live on the shared loop
@@ -531,6 +557,9 @@ class SandboxExecutor(Executor):
         try:
             got = await sandbox.call(self._payload(program, state, -1, warm=True) + program.stdin.encode(), limits.output_bytes,
                                      limits.wall_s, (self.workdir_mb << 20) + STATE_OVERHEAD)
+        except WarmStartFailed as e:
+            self.pool.retire(sandbox)
+            raise SandboxUnavailable(str(e)) from e
         except BaseException:
             self.pool.retire(sandbox)
             raise
@@ -548,12 +577,13 @@ class SandboxExecutor(Executor):
                        sigkill="memory" if got.oom else "cpu")
 
     async def _run_cold(self, program: Program, session: str) -> RunResult:
-        """``run`` in a sandbox started for this call alone."""
+        """``run`` in a sandbox started for this call alone. The launcher's pack starts with
+        ``b"S"``, written before anything of the program's: a call without it never started."""
         limits, state_file = self.limits, self.session_file(session)
         state = self._load(state_file)
+        cgroup = self._cgroups.create(limits.memory_mb << 20) if self._cgroups is not None else None
         state_read, state_write = os.pipe()
         seccomp_fd = _seccomp_pipe()
-        cgroup = self._cgroups.create(limits.memory_mb << 20) if self._cgroups is not None else None
         cmd = _prefix(self._tools, self._identity, cgroup) + bwrap_command(
             self.bwrap, tmp_bytes=limits.file_mb << 20, workdir_bytes=self.workdir_mb << 20,
             seccomp_fd=seccomp_fd, disable_userns=self._tools.disable_userns)
@@ -606,7 +636,10 @@ class SandboxExecutor(Executor):
                 cgroup.remove()
         duration = time.monotonic() - start
         packed = new_state.result() if new_state.done() and not new_state.cancelled() else None
-        packed = None if packed is None else complete_pack(packed)
+        if packed == b"":  # (None: more than the cap, or unread; the launcher wrote, so it started)
+            raise SandboxUnavailable(f"bubblewrap ({self.bwrap}) exited with status {proc.returncode} before the "
+                                     f"sandbox's launcher started: {output.text(1).strip()[:500] or 'no message'}")
+        packed = None if packed is None else complete_pack(packed[1:])
         if packed is not None and not killed and proc.returncode is not None:
             with self._lock:
                 if self._sessions.get(session) == state_file:  # still open

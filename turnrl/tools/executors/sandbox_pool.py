@@ -20,7 +20,8 @@ With ``recycle`` (and ``per_episode``) a sandbox that would be retired alive and
 its session closed or was evicted, is wiped instead (``WarmSandbox.wipe``: the server kills every
 process, empties every writable dir and removes the IPC objects, and says whether all of it is
 gone) and goes back among the fresh ones; one that does not answer clean within
-``WIPE_TIMEOUT_S`` is retired. At most ``KEPT_SESSIONS`` recycled sandboxes wait idle.
+``WIPE_TIMEOUT_S`` is retired. At most ``size`` sandboxes wait idle, recycled or fresh: sessions that
+ended side by side leave no more warm sandboxes than the pool was asked to keep.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ WIPE_TIMEOUT_S = 5.0
 
 
 class WarmStartFailed(RuntimeError):
-    """A warm sandbox did not start (its server never said it was ready)."""
+    """A warm sandbox cannot take a call: it did not start (its server never said it was
+    ready), or it was gone before the call reached it."""
 
 
 @dataclass
@@ -114,7 +116,11 @@ class WarmSandbox:
                 await asyncio.sleep(0.02)
 
     async def call(self, payload: bytes, output_bytes: int, wall_s: float, state_cap: int) -> WarmCall:
-        """Run one program: ``payload`` is the server's whole input (spec, files, stdin)."""
+        """Run one program: ``payload`` is the server's whole input (spec, files, stdin).
+
+        Raises:
+            WarmStartFailed: If the sandbox was gone before the call reached it (it is killed).
+        """
         loop = asyncio.get_running_loop()
         source, source_w = os.pipe()
         out_r, out = os.pipe()
@@ -123,11 +129,11 @@ class WarmSandbox:
         oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         try:
             socket.send_fds(self.control, [b"C"], [source, out, err, state])
-        except OSError:
+        except OSError as e:
             for fd in (source_w, out_r, err_r, state_r):
                 os.close(fd)
             self.kill()
-            return WarmCall(OutputCap(output_bytes), None, None, None, False)
+            raise WarmStartFailed(f"the warm sandbox was gone before the call reached it ({e})") from None
         finally:
             for fd in (source, out, err, state):
                 os.close(fd)
@@ -354,7 +360,7 @@ class SandboxPool:
         wiped = await sandbox.wipe()
         with self._lock:
             self._wiping -= 1
-            keep = wiped and not self._closed and len(self._idle) < KEPT_SESSIONS
+            keep = wiped and not self._closed and len(self._idle) < self.size  # never more warm than asked
             if keep:
                 self._idle.append(sandbox)
                 self.recycled += 1

@@ -50,7 +50,7 @@ def signal_of(status: int | None) -> str | None:
 
 
 def verdict(output: OutputCap, status: int | None, killed: LimitHit | None, duration: float, limits: Limits,
-            sigkill: LimitHit, unknown_status: str = "") -> RunResult:
+            sigkill: LimitHit | None, unknown_status: str = "") -> RunResult:
     """The ``RunResult`` of a run.
 
     Args:
@@ -60,7 +60,8 @@ def verdict(output: OutputCap, status: int | None, killed: LimitHit | None, dura
         duration: wall seconds.
         limits: the run's limits (for the sentence the model sees).
         sigkill: the limit a SIGKILL the executor did not send means: ``"cpu"`` under the
-            hard RLIMIT_CPU of the bubblewrap sandbox, ``"memory"`` under docker's OOM killer.
+            hard RLIMIT_CPU of the bubblewrap sandbox, ``"memory"`` after an OOM kill; None:
+            no limit (the program is told the signal that killed it).
         unknown_status: the sentence shown when the status is unknown.
 
     A run the executor stopped whose error text shows failed forks is reported as ``procs``

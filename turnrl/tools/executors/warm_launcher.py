@@ -138,45 +138,65 @@ def write_files(files):
             f.write(text)
 
 
-def pack(out):
-    """Write ``/work``'s records to ``out``; False if it could not be walked whole."""
-    def record(path, kind, mode, data):
-        rec = marshal.dumps((path, kind, mode, data))
-        view = memoryview(b"%0*d" % (H, len(rec)) + rec)
-        while view:
-            view = view[os.write(out, view):]
+def entry(path):
+    """``(kind, mode, data)`` of ``path`` in a pack; None for what is not kept (a fifo, a socket)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "l", 0, os.readlink(path)
+    if stat.S_ISDIR(st.st_mode):
+        return "d", stat.S_IMODE(st.st_mode), b""
+    if stat.S_ISREG(st.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return "f", stat.S_IMODE(st.st_mode), f.read()
+    return None
 
+
+def pack(out):
+    """Write ``/work``'s records to ``out``, each dir before what it holds; False if they could
+    not be written whole. No recursion: a tree may be deeper than Python's stack."""
+    tops = [""]
     try:
-        for root, subdirs, files in os.walk("."):
-            for name in subdirs + files:
-                path = os.path.join(root, name)[2:]
+        while tops:
+            top = tops.pop()
+            try:
+                names = os.listdir(top or ".")
+            except OSError:
+                continue
+            for name in names:
+                path = top + "/" + name if top else name
                 try:
-                    st = os.lstat(path)
-                    if stat.S_ISLNK(st.st_mode):
-                        record(path, "l", 0, os.readlink(path))
-                    elif stat.S_ISDIR(st.st_mode):
-                        record(path, "d", stat.S_IMODE(st.st_mode), b"")
-                    elif stat.S_ISREG(st.st_mode):
-                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                        with os.fdopen(fd, "rb") as f:
-                            if stat.S_ISREG(os.fstat(fd).st_mode):
-                                record(path, "f", stat.S_IMODE(st.st_mode), f.read())
-                except OSError:
-                    pass
-    except (OSError, RecursionError):
+                    item = entry(path)
+                except OSError:  # gone meanwhile, or unreadable: not kept
+                    continue
+                if item is None:
+                    continue
+                rec = marshal.dumps((path, *item))
+                view = memoryview(b"%0*d" % (H, len(rec)) + rec)
+                while view:
+                    view = view[os.write(out, view):]
+                if item[0] == "d":
+                    tops.append(path)
+    except OSError:
         return False
     return True
 
 
 def remove(path):
-    """Remove ``path``, a whole tree for a dir (made writable and searchable first)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        for name in os.listdir(path):
-            remove(os.path.join(path, name))
-        os.rmdir(path)
-    else:
-        os.unlink(path)
+    """Remove ``path``, a whole tree for a dir (each made writable and searchable first),
+    without recursion (a tree may be deeper than Python's stack)."""
+    todo = [(path, False)]
+    while todo:
+        path, emptied = todo.pop()
+        if emptied:
+            os.rmdir(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            todo.append((path, True))
+            todo += [(os.path.join(path, name), False) for name in os.listdir(path)]
+        else:
+            os.unlink(path)
 
 
 def empty(top, mode):
