@@ -63,7 +63,7 @@ def make_local(env_id, **kwargs):
 
 @pytest.fixture(scope="module")
 def guess_server():
-    with EnvServer(GUESS, GUESS_KWARGS) as server:
+    with EnvServer(GUESS, GUESS_KWARGS, client_kwargs=("n", "n_min")) as server:  # clients may choose the range
         yield server
 
 
@@ -221,9 +221,9 @@ def test_invalid_json_body_is_400(guess_server):
 def test_env_exceptions_are_500_and_the_server_keeps_serving():
     with EnvServer("turnrl_tests/NonJsonInfo-v0") as server, httpx.Client(base_url=server.url) as client:
         sid = client.post("/sessions").json()["session_id"]
-        early = client.post(f"/sessions/{sid}/step", json={"action": "3"})  # before reset
-        assert early.status_code == 500 and early.json()["type"] == "ResetNeeded"  # gymnasium's OrderEnforcing
-        assert "before calling env.reset()" in early.json()["error"]
+        early = client.post(f"/sessions/{sid}/step", json={"action": "3"})  # before reset: the request's fault
+        assert early.status_code == 409 and early.json()["type"] == "ResetNeeded"
+        assert "reset first" in early.json()["error"]
         unjson = client.post(f"/sessions/{sid}/reset", json={"seed": 0})
         assert unjson.status_code == 500 and "info['seen'] is a set" in unjson.json()["error"]
         boom = client.post(f"/sessions/{sid}/step", json={"action": "boom"})
@@ -429,7 +429,7 @@ def test_killed_server_ends_only_its_episodes_with_env_error(two_servers, tokeni
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_env_factory_with_url_collects_the_local_trajectories(tokenizer, renderer):
-    proc, url = serve_subprocess(GUESS, "n=32", "n_min=16")
+    proc, url = serve_subprocess(GUESS, "n=32", "n_min=16", args=["--client-kwarg", "n"])
     try:
         cfg = Config()
         cfg.env.url, cfg.env.id = url, GUESS

@@ -6,15 +6,42 @@ training config). Built on the standard library's ``ThreadingHTTPServer``: each
 connection gets a thread, each session its own env and lock, so many sessions step
 concurrently while requests to one session are served in order.
 
+What a client may choose. The env id and every setting of how code runs (``executors``,
+``executor_options``: sandbox limits, ``run_as``, the bubblewrap binary, warm pools, tool
+service URLs and the variables their tokens come from) are the server's: its ``env_kwargs``
+(``serve-env --kwarg``). A client may pass only the task kwargs the server allows
+(``client_kwargs``, listed by ``GET /info``):
+
+* ``DEFAULT_CLIENT_KWARGS`` (``tool_parser``: the agent's tool-call format, which
+  ``RemoteEnv`` sends; ``max_turns``), where the env's constructor takes them;
+* the names the env class (the one the id is registered with) lists in a ``client_kwargs``
+  class attribute, e.g. ``client_kwargs: ClassVar[tuple[str, ...]] = ("n", "n_min")`` on a
+  ``MultiTurnEnv`` subclass;
+* the names the operator adds (``serve-env ENV_ID --client-kwarg num_boxes``,
+  ``EnvServer(client_kwargs=...)``).
+
+A name that may control execution, reach or credentials can never be allowed
+(``execution_setting``: ``executors``, ``executor_options``, ``envs``, and every name holding
+``executor``, ``sandbox``, ``bwrap``, ``run_as``, ``token``, ``secret``, ``limit``,
+``timeout``, ``memory``, ``url``, or the word ``env``, ``path``, ``dir``, ``file``,
+``host``, ``port``, ``key``, ``user``, ``pool``...): an env class or operator naming one
+makes the server refuse to start, saying why; such settings go on the server
+(``--kwarg``). Each value a client sends must be a JSON scalar (a string of at most
+``MAX_KWARG_CHARS`` characters, an integer within 64 bits, a finite number, a boolean,
+null) or a list of at most ``MAX_KWARG_ITEMS`` of them. Reset options (``{"split":
+"test"}``) obey the same value rules.
+
 Endpoints (JSON in, JSON out; ``REQUEST_SCHEMAS`` holds the body schemas):
 
-* ``GET /info`` -> ``{"env_id", "kwargs", "tools", "max_turns", "session_ttl_s",
-  "max_sessions", "sessions", "request_schemas"}``; ``tools`` are the tool schemas
+* ``GET /health`` -> ``{"status": "ok"}`` (open without a token).
+* ``GET /info`` -> ``{"env_id", "kwargs", "client_kwargs", "tools", "max_turns",
+  "session_ttl_s", "max_sessions", "sessions", "request_schemas"}``; ``kwargs`` are the
+  server's task kwargs (execution settings are not shown), ``tools`` the tool schemas
   ``[t.schema() for t in env.unwrapped.tools]`` of an env made with the server's kwargs.
 * ``POST /sessions`` ``{"kwargs": {...}}`` (optional) -> ``{"session_id", "env_id",
   "kwargs", "tools", "max_turns"}``. The session's env is ``gymnasium.make(env_id,
-  **{**server_kwargs, **kwargs})``: the request's kwargs override the server's (a client
-  passes e.g. its agent's ``tool_parser``). 503 when ``max_sessions`` sessions are open.
+  **{**server_kwargs, **kwargs})``: the request's allowed kwargs override the server's.
+  503 when ``max_sessions`` sessions are open.
 * ``POST /sessions/{id}/reset`` ``{"seed": int|null, "options": {...}}`` ->
   ``{"observation": [messages], "info": {...}}``; the info's ``tools`` are the episode's tool
   schemas (``MultiTurnEnv.reset``).
@@ -40,19 +67,42 @@ Endpoints (JSON in, JSON out; ``REQUEST_SCHEMAS`` holds the body schemas):
   ``rng_state`` is returned for both (null for the expert).
 * ``DELETE /sessions/{id}`` -> ``{"deleted": id}``.
 
+Sessions own their resources. A session's env, and with it the executor session of its
+episode (a sandbox's files, a warm sandbox it holds, a container), is closed when the session
+is deleted, when it expires (idle longer than ``session_ttl_s``) and when the server stops.
+Session ids are 96 random bits: a client cannot reach a session it did not open. With
+``close_executors=True`` (``serve-env`` sets it: the process serves this server only)
+``stop()`` also closes the process's shared executors, so no warm sandbox outlives the
+server.
+
 With a ``token`` (``serve-env`` reads it from the variable ``--token-env`` names, default
 ``TURNRL_SERVER_TOKEN``; required when bound to an address other than loopback), every
-request must send ``Authorization: Bearer <token>``, else 401 (``turnrl.http_json``).
+request but ``GET /health`` must send ``Authorization: Bearer <token>``, else 401
+(``turnrl.http_json``).
 
-Errors are ``{"error": "<what was wrong and how to fix it>"}`` with a status: 401 a missing
-or wrong token; 400 a body
-that is not a JSON object or fails its schema (checked with
-``turnrl.tools.validation.validate_arguments``; an optional field may be null, meaning
-absent), or kwargs the env's constructor rejects; 404 an unknown path or session (a
-session idle longer than ``session_ttl_s`` is reaped and then unknown); 405 a wrong
-method; 413 a body over ``MAX_BODY_BYTES``; 503 too many sessions; 500 an exception
-inside the env (the reply adds ``"type"`` and ``"message"``, the exception's class name
-and text; the server keeps running).
+Errors are ``{"error": "<what was wrong and how to fix it>"}`` with a status; a bad request is
+always a 4xx and the server keeps serving:
+
+* 400: a body that is not a JSON object, fails its schema (checked with
+  ``turnrl.tools.validation.validate_arguments``; an optional field may be null, meaning
+  absent), nests deeper than 64 levels or holds an integer of thousands of digits; a seed
+  outside [0, 2**64); a kwarg or reset option value that is not a short plain value; kwargs or
+  reset options the env rejects (the reply adds ``"type"`` and ``"message"``, the env's
+  exception); a ``Content-Length`` that is not a non-negative integer; a body cut short.
+* 401: a missing or wrong token.
+* 403: a kwarg the server does not let clients choose (the message lists the ones it does and
+  how the operator allows more).
+* 404: an unknown path or session (a session idle longer than ``session_ttl_s`` is reaped
+  and then unknown).
+* 405: a method an endpoint does not take (PUT, PATCH, HEAD...).
+* 408: a request that did not arrive whole within ``read_timeout_s`` (the connection closes).
+* 409: ``step`` or a player before the session's first successful ``reset``, or a call the
+  env refused because its episode ended (the reply adds the env's ``"type"`` and
+  ``"message"``).
+* 411: a body sent with a ``Transfer-Encoding`` (chunked); 413: a body over ``MAX_BODY_BYTES``.
+* 503: ``max_sessions`` sessions are open.
+* 500: an exception inside the env on a valid request (the reply adds ``"type"`` and
+  ``"message"``, the exception's class name and text).
 
 JSON values: observations and info are sent as JSON. Tuples become lists, numpy scalars
 and arrays become numbers and lists; a dict key that is not a string, or a value JSON
@@ -63,25 +113,29 @@ hashable); an info value that was a list locally arrives as a tuple.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import math
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 import turnrl.envs.registration as registration
-from turnrl.http_json import HTTPError, JSONHandler, JSONServer
+from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, HTTPError, JSONHandler, JSONServer, parse_json
 from turnrl.tools.validation import validate_arguments
 
-__all__ = ["EnvServer", "PLAYERS", "REQUEST_SCHEMAS", "MAX_BODY_BYTES", "to_json"]
+__all__ = ["DEFAULT_CLIENT_KWARGS", "EnvServer", "MAX_BODY_BYTES", "MAX_KWARG_CHARS", "MAX_KWARG_ITEMS", "PLAYERS",
+           "REQUEST_SCHEMAS", "execution_setting", "to_json"]
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +144,46 @@ MAX_BODY_BYTES = 1 << 20
 """Largest request body accepted (1 MiB); larger ones get 413."""
 BIT_GENERATORS: tuple[str, ...] = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 """numpy bit generators an ``rng_state`` may name."""
+DEFAULT_CLIENT_KWARGS: tuple[str, ...] = ("tool_parser", "max_turns")
+"""Kwargs every client may pass (where the env's constructor takes them): the agent's tool-call
+format, which ``RemoteEnv`` sends, and the episode's length."""
+MAX_KWARG_CHARS = 256
+"""Longest string a client may pass as a kwarg or reset option value (or list item)."""
+MAX_KWARG_ITEMS = 32
+"""Longest list a client may pass as a kwarg or reset option value."""
+MAX_SEED = 2**64 - 1
+"""Largest ``seed`` / ``rng_seed`` accepted."""
+
+_EXECUTION_PARTS = ("executor", "sandbox", "docker", "bwrap", "run_as", "runas", "token", "secret", "password",
+                    "credential", "limit", "timeout", "memory", "concurrency", "command", "url")
+_EXECUTION_WORDS = frozenset({"env", "path", "dir", "file", "host", "port", "uri", "key", "auth", "uid", "gid", "user",
+                              "cpu", "pool", "cmd", "exec", "shell", "proc", "process", "image", "module", "import",
+                              "class", "target", "entry", "worker"})
+_MAKE_KEYWORDS = frozenset(inspect.signature(gymnasium.make).parameters) - {"id", "kwargs"}
+
+
+def execution_setting(name: str) -> bool:
+    """True when the env kwarg ``name`` may control how or where code runs, what it can reach or
+    which credentials it uses, so that only the server's operator may set it, never a client.
+
+    Such a name holds one of ``_EXECUTION_PARTS`` (``executor``, ``bwrap``, ``token``, ``limit``,
+    ``url``...), or one of ``_EXECUTION_WORDS`` (``env``, ``path``, ``dir``, ``key``, ``user``...;
+    split at underscores, digits and case changes, plurals included), starts with ``_``, or is a
+    keyword of ``gymnasium.make`` itself. The rule errs on the safe side: a task kwarg such as
+    ``min_path`` is the server's to set too.
+    """
+    lowered = name.lower()
+    words = re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower())
+    return (name.startswith("_") or name in _MAKE_KEYWORDS or any(part in lowered for part in _EXECUTION_PARTS)
+            or any(w in _EXECUTION_WORDS or w.removesuffix("s") in _EXECUTION_WORDS for w in words))
+
 
 REQUEST_SCHEMAS: dict[str, dict] = {
     "POST /sessions": {
         "type": "object",
         "properties": {
-            "kwargs": {"type": "object", "description": "env constructor kwargs overriding the server's"},
+            "kwargs": {"type": "object", "description": "task kwargs overriding the server's, only those GET /info "
+                                                        "lists as client_kwargs; each a JSON scalar or a short list"},
         },
         "required": [],
     },
@@ -124,8 +212,9 @@ REQUEST_SCHEMAS: dict[str, dict] = {
 }
 """JSON schema of every request body, keyed by ``"METHOD /path"`` (also served at ``/info``)."""
 
-_SESSION_PATH = re.compile(r"^/sessions/([A-Za-z0-9_-]+)(?:/(reset|step|player))?$")
-_ENDPOINTS = "GET /info, POST /sessions, POST /sessions/{id}/reset|step|player, DELETE /sessions/{id}"
+_SESSION_PATH = re.compile(r"^/sessions/([A-Za-z0-9_-]{1,64})(?:/(reset|step|player))?$")
+_ENDPOINTS = ("GET /health, GET /info, POST /sessions, POST /sessions/{id}/reset|step|player, "
+              "DELETE /sessions/{id}")
 
 
 @dataclass
@@ -136,32 +225,48 @@ class _Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     rng: np.random.Generator | None = None
     rng_seed: int | None = None
+    episode: Literal["none", "running", "ended"] = "none"
+    """``none``: not reset yet (or the last reset failed); ``ended``: the last step ended the episode."""
+    closed: bool = False
 
 
 class EnvServer(JSONServer):
-    """Serve ``env_id`` over HTTP (the endpoints are in the module docstring).
+    """Serve ``env_id`` over HTTP (what a client may choose, the endpoints and the errors are in
+    the module docstring).
 
     Use as a context manager, or ``start()`` then ``stop()``. The env is made once at
     construction to fail early (with the env's own message) on a bad id or kwargs.
 
     Args:
         env_id: A registered gymnasium id (``turnrl/...`` ids are registered on import).
-        env_kwargs: Constructor kwargs of every session's env (a session may override them).
+        env_kwargs: Constructor kwargs of every session's env, execution settings
+            (``executors``, ``executor_options``) included; a session may override only the
+            ``client_kwargs``.
         host: Interface to bind (``127.0.0.1``: this machine only; ``0.0.0.0``: all).
         port: TCP port; 0 picks a free one (read it from ``url`` after ``start()``).
         session_ttl_s: A session idle for longer than this many seconds is closed.
         max_sessions: Most sessions open at once; creating one more gets HTTP 503.
         token: The bearer token every request must send (else 401); required unless ``host``
             is loopback. None: no token (loopback only).
+        client_kwargs: Task kwargs clients may pass besides ``DEFAULT_CLIENT_KWARGS`` and the
+            env class's own ``client_kwargs``.
+        read_timeout_s: Seconds a connection may take to deliver its next whole request
+            (idle keep-alive time included); then it is closed.
+        close_executors: Whether ``stop()`` also closes every shared executor of this process
+            (``turnrl.tools.executors.close_executors``: warm sandboxes, containers). Set it
+            where the process serves this server only, as ``serve-env`` does; leave it off
+            where other code of the process uses executors.
 
     Raises:
-        ValueError: On an unregistered id, kwargs the env rejects, bad limits, or a
-            non-loopback ``host`` without a token.
+        ValueError: On an unregistered id, kwargs the env rejects, bad limits, a
+            non-loopback ``host`` without a token, or a client kwarg that is an execution
+            setting (``execution_setting``) or that the env's constructor does not take.
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, host: str = "127.0.0.1",
                  port: int = 0, session_ttl_s: float = 600, max_sessions: int = 1024, *,
-                 token: str | None = None) -> None:
+                 token: str | None = None, client_kwargs: Iterable[str] = (),
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, close_executors: bool = False) -> None:
         registration.register_envs()
         if env_id not in gymnasium.registry:
             raise ValueError(f"unknown env id {env_id!r}; registered turnrl ids: "
@@ -172,10 +277,18 @@ class EnvServer(JSONServer):
             raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
-        super().__init__(host, port, _Handler, "env-server", token=token)
+        if isinstance(client_kwargs, str):
+            raise ValueError(f"client_kwargs must be a list of names, got the string {client_kwargs!r}")
+        super().__init__(host, port, _Handler, "env-server", token=token, read_timeout_s=read_timeout_s)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.session_ttl_s, self.max_sessions = float(session_ttl_s), max_sessions
-        probe = self._make_env(self.env_kwargs)
+        self.close_executors = close_executors
+        self.client_kwargs: frozenset[str] = _allowed_client_kwargs(env_id, client_kwargs)
+        """The kwargs a client may pass (``GET /info``)."""
+        try:
+            probe = gymnasium.make(env_id, disable_env_checker=True, **self.env_kwargs)
+        except Exception as e:
+            raise ValueError(f"gymnasium.make({env_id!r}, **{self.env_kwargs}) raised {type(e).__name__}: {e}") from e
         try:
             self._description = _describe_env(probe)
         except HTTPError as e:
@@ -187,12 +300,17 @@ class EnvServer(JSONServer):
 
     # --------------------------------------------------------------- running
     def stop(self) -> None:
-        """Stop serving and close every session's env (idempotent)."""
+        """Stop serving, close every session's env (ending its executor session) and, with
+        ``close_executors``, the process's shared executors (idempotent)."""
         super().stop()
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
         for s in sessions:
-            _close_quietly(s.env)
+            _close_session(s, wait_s=5.0)
+        if self.close_executors:
+            from turnrl.tools.executors import close_executors
+
+            close_executors()
 
     def _background(self) -> list[tuple[str, Callable[[], None]]]:
         return [("env-reaper", self._reap_loop)]  # reaps idle sessions while serving
@@ -211,7 +329,7 @@ class EnvServer(JSONServer):
                        if now - s.last_used > self.session_ttl_s and not s.lock.locked()]
             closed = [self._sessions.pop(sid) for sid in expired]
         for s in closed:
-            _close_quietly(s.env)
+            _close_session(s)
         if closed:
             log.info("reaped %d idle session(s)", len(closed))
         return len(closed)
@@ -222,32 +340,31 @@ class EnvServer(JSONServer):
             self.reap()
 
     # -------------------------------------------------------------- handlers
-    def _make_env(self, kwargs: Mapping[str, Any]) -> gymnasium.Env:
-        try:
-            return gymnasium.make(self.env_id, disable_env_checker=True, **kwargs)
-        except Exception as e:
-            raise ValueError(f"gymnasium.make({self.env_id!r}, **{dict(kwargs)}) raised "
-                             f"{type(e).__name__}: {e}") from e
-
     def info(self) -> dict:
         """The ``GET /info`` reply."""
-        return {"env_id": self.env_id, "kwargs": _jsonable(self.env_kwargs, "kwargs"), **self._description,
+        return {"env_id": self.env_id, "kwargs": _jsonable(_task_kwargs(self.env_kwargs), "kwargs"),
+                "client_kwargs": sorted(self.client_kwargs), **self._description,
                 "session_ttl_s": self.session_ttl_s, "max_sessions": self.max_sessions,
                 "sessions": self.num_sessions, "request_schemas": REQUEST_SCHEMAS}
 
     def create_session(self, body: dict) -> dict:
-        """``POST /sessions``: make the session's env and return its description."""
+        """``POST /sessions``: check the client's kwargs, make the session's env and return its description."""
+        client = body.get("kwargs", {})
+        self._check_client_kwargs(client)
         self.reap()
-        kwargs = {**self.env_kwargs, **body.get("kwargs", {})}
         with self._lock:
             full = len(self._sessions) >= self.max_sessions
         if full:
             raise self._full()
+        kwargs = {**self.env_kwargs, **client}
         try:
-            env = self._make_env(kwargs)
-        except ValueError as e:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, f"{e}; pass kwargs the env's constructor accepts",
-                             type=type(e.__cause__).__name__, message=str(e.__cause__)) from e
+            env = gymnasium.make(self.env_id, disable_env_checker=True, **kwargs)
+        except Exception as e:
+            if not client:  # the server's own kwargs made the probe env: this is no fault of the request
+                raise _env_error("making the env", e) from e
+            raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env refused the kwargs {client}: {type(e).__name__}: {e}; "
+                                                    "pass values the env's constructor accepts",
+                            type=type(e).__name__, message=str(e)) from e
         try:
             description = _describe_env(env)
         except Exception as e:
@@ -261,7 +378,25 @@ class EnvServer(JSONServer):
         if full:
             _close_quietly(env)
             raise self._full()
-        return {"session_id": sid, "env_id": self.env_id, "kwargs": _jsonable(kwargs, "kwargs"), **description}
+        return {"session_id": sid, "env_id": self.env_id, "kwargs": _jsonable(_task_kwargs(kwargs), "kwargs"),
+                **description}
+
+    def _check_client_kwargs(self, client: Mapping[str, Any]) -> None:
+        """Raise 403 for a kwarg clients may not choose, 400 for a value that is not short and plain."""
+        refused = sorted(set(client) - self.client_kwargs)
+        if refused:
+            execution = [name for name in refused if execution_setting(name)]
+            why = (f"{execution} control how or where code runs, what it reaches or which credentials it uses: only "
+                   f"the server's operator sets them (serve-env --kwarg NAME=VALUE). " if execution else "")
+            raise HTTPError(HTTPStatus.FORBIDDEN,
+                            f"this server does not let clients choose the kwargs {refused}. {why}A client may pass "
+                            f"only {sorted(self.client_kwargs)} (GET /info: client_kwargs); the server's operator "
+                            f"allows more task kwargs with `serve-env {self.env_id} --client-kwarg NAME` "
+                            "(EnvServer(client_kwargs=[...]))")
+        for name, value in client.items():
+            problem = _value_problem(value)
+            if problem is not None:
+                raise HTTPError(HTTPStatus.BAD_REQUEST, f"kwargs[{name!r}] is {problem}; {_VALUE_RULE}")
 
     def _full(self) -> HTTPError:
         return HTTPError(
@@ -271,13 +406,12 @@ class EnvServer(JSONServer):
             f"(session_ttl_s={self.session_ttl_s:g}), or restart the server with a larger --max-sessions")
 
     def delete_session(self, sid: str) -> dict:
-        """``DELETE /sessions/{id}``."""
+        """``DELETE /sessions/{id}``: close the session's env (waiting for a call in flight)."""
         with self._lock:
             session = self._sessions.pop(sid, None)
         if session is None:
             raise _unknown_session(sid, self.session_ttl_s)
-        with session.lock:
-            _close_quietly(session.env)
+        _close_session(session)
         return {"deleted": sid}
 
     def session_call(self, sid: str, verb: str, body: dict) -> dict:
@@ -289,29 +423,110 @@ class EnvServer(JSONServer):
         if session is None:
             raise _unknown_session(sid, self.session_ttl_s)
         with session.lock:
+            if session.closed:  # deleted or reaped while this call waited for the lock
+                raise _unknown_session(sid, self.session_ttl_s)
             try:
                 return _VERBS[verb](session, body)
             finally:
                 session.last_used = time.monotonic()
 
 
+def _allowed_client_kwargs(env_id: str, extra: Iterable[str]) -> frozenset[str]:
+    """The kwargs clients of ``env_id`` may pass: ``DEFAULT_CLIENT_KWARGS`` that its constructor (the
+    id's entry point) takes, the names the entry point lists in ``client_kwargs``, and ``extra``.
+
+    Raises:
+        ValueError: For a listed or ``extra`` name that is no identifier, is an execution setting
+            (``execution_setting``), or is not a parameter of the constructor.
+    """
+    creator = gymnasium.spec(env_id).entry_point
+    try:
+        creator = load_env_creator(creator) if isinstance(creator, str) else creator
+        params = inspect.signature(creator).parameters
+    except Exception as e:
+        raise ValueError(f"cannot read the constructor of {env_id} ({gymnasium.spec(env_id).entry_point}): "
+                         f"{type(e).__name__}: {e}") from e
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = [(name, f"{getattr(creator, '__name__', env_id)}.client_kwargs")
+             for name in getattr(creator, "client_kwargs", ())]
+    named += [(name, "client_kwargs (serve-env --client-kwarg)") for name in extra]
+    for name, source in named:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{source} names {name!r}, which is no kwarg name")
+        if execution_setting(name):
+            raise ValueError(f"{source} names {name!r}, which clients may never choose: a kwarg named like that may "
+                             "control how or where code runs, what it reaches or which credentials it uses "
+                             "(executors, executor_options, paths, URLs, tokens, limits, run_as, bwrap, env...). "
+                             f"Set it on the server instead: serve-env {env_id} --kwarg {name}=VALUE")
+        if not takes_any and name not in accepted:
+            raise ValueError(f"{source} names {name!r}, which the constructor of {env_id} does not take; its "
+                             f"kwargs: {sorted(accepted)}")
+    defaults = [name for name in DEFAULT_CLIENT_KWARGS if takes_any or name in accepted]
+    return frozenset([*defaults, *(name for name, _ in named)])
+
+
+_VALUE_RULE = (f"send a JSON string (at most {MAX_KWARG_CHARS} characters), an integer within 64 bits, a finite "
+               f"number, a boolean, null, or a list of at most {MAX_KWARG_ITEMS} of those")
+
+
+def _value_problem(value: Any) -> str | None:
+    """What makes ``value`` unfit as a client's kwarg or reset option value (None: fit)."""
+    if isinstance(value, list):
+        if len(value) > MAX_KWARG_ITEMS:
+            return f"a list of {len(value)} items"
+        problems = [p for p in map(_scalar_problem, value) if p is not None]
+        return f"a list holding {problems[0]}" if problems else None
+    return _scalar_problem(value)
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if -2**63 <= value < 2**64 else "an integer beyond 64 bits"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} (not a finite number)"
+    if isinstance(value, str):
+        return None if len(value) <= MAX_KWARG_CHARS else f"a string of {len(value)} characters"
+    return f"a JSON {'object' if isinstance(value, dict) else type(value).__name__}"
+
+
+def _task_kwargs(kwargs: Mapping[str, Any]) -> dict:
+    """``kwargs`` without execution settings (which replies never show)."""
+    return {k: v for k, v in kwargs.items() if not execution_setting(k)}
+
+
 # -------------------------------------------------------------- the verbs
 def _reset(session: _Session, body: dict) -> dict:
-    seed = body.get("seed")
-    if seed is not None and seed < 0:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"'seed' must be a non-negative integer or null, got {seed}")
+    seed, options = body.get("seed"), body.get("options")
+    _check_seed("seed", seed)
+    for key, value in (options or {}).items():
+        problem = _value_problem(value)
+        if problem is not None:
+            raise HTTPError(HTTPStatus.BAD_REQUEST, f"options[{key!r}] is {problem}; {_VALUE_RULE}")
+    session.episode = "none"
     try:
-        obs, info = session.env.reset(seed=seed, options=body.get("options"))
+        obs, info = session.env.reset(seed=seed, options=options)
+    except (ValueError, TypeError, KeyError) as e:
+        if not options:
+            raise _env_error("reset", e) from e
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env refused the reset options {options}: {type(e).__name__}: "
+                                                f"{e}", type=type(e).__name__, message=str(e)) from e
     except Exception as e:
         raise _env_error("reset", e) from e
+    session.episode = "running"
     return {"observation": _jsonable(obs, "observation"), "info": _jsonable(info, "info")}
 
 
 def _step(session: _Session, body: dict) -> dict:
+    _require_episode(session, "step")
     try:
         obs, reward, terminated, truncated, info = session.env.step(body["action"])
     except Exception as e:
-        raise _env_error("step", e) from e
+        raise _env_error("step", e, session) from e
+    if terminated or truncated:
+        session.episode = "ended"
     return {"observation": _jsonable(obs, "observation"), "reward": float(reward),
             "terminated": bool(terminated), "truncated": bool(truncated), "info": _jsonable(info, "info")}
 
@@ -323,7 +538,8 @@ def _player(session: _Session, body: dict) -> dict:
         if has_seed or has_state:
             raise HTTPError(HTTPStatus.BAD_REQUEST, "the expert player takes no randomness; "
                                                      "drop 'rng_seed' and 'rng_state'")
-        return {"action": _play(base, "expert_action"), "rng_state": None}
+        _require_episode(session, "the expert player")
+        return {"action": _play(session, "expert_action"), "rng_state": None}
     if has_seed == has_state:
         raise HTTPError(HTTPStatus.BAD_REQUEST,
                          f"the {player} player needs exactly one of 'rng_seed' (an int: the session keeps "
@@ -331,25 +547,46 @@ def _player(session: _Session, body: dict) -> dict:
     if has_state:
         rng = _generator_from_state(body["rng_state"])
     else:
-        if body["rng_seed"] < 0:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, f"'rng_seed' must be non-negative, got {body['rng_seed']}")
+        _check_seed("rng_seed", body["rng_seed"])
+    _require_episode(session, f"the {player} player")
+    if not has_state:
         if session.rng is None or session.rng_seed != body["rng_seed"]:
             session.rng, session.rng_seed = np.random.default_rng(body["rng_seed"]), body["rng_seed"]
         rng = session.rng
     method = "weak_expert_action" if player == "weak" else "random_action"
-    action = _play(base, method, rng)
+    action = _play(session, method, rng)
     return {"action": action, "rng_state": to_json(rng.bit_generator.state, "rng_state")}
 
 
-def _play(base: Any, method: str, *args: Any) -> str:
+def _check_seed(name: str, seed: int | None) -> None:
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        shown = f"{str(seed)[:40]}..." if len(str(seed)) > 40 else str(seed)
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"{name!r} must be a non-negative integer below 2**64, or null; "
+                                                 f"got {shown}")
+
+
+def _require_episode(session: _Session, what: str) -> None:
+    """409 unless the session's env was reset (successfully) since it was made."""
+    if session.episode == "none":
+        raise HTTPError(HTTPStatus.CONFLICT, f"{what} needs an episode: POST /sessions/{{id}}/reset first (the "
+                                              "session was never reset, or its last reset failed)", type="ResetNeeded",
+                        message=f"{what} called before reset()")
+
+
+def _play(session: _Session, method: str, *args: Any) -> str:
+    base = session.env.unwrapped
     fn = getattr(base, method, None)
     if fn is None:
-        error = NotImplementedError(f"{type(base).__name__} does not define {method}()")
-        raise _env_error(method, error)
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"{type(base).__name__} does not define {method}(), so the server has "
+                                                 "no such player for it", type="NotImplementedError",
+                        message=f"{type(base).__name__} does not define {method}()")
     try:
         action = fn(*args)
+    except NotImplementedError as e:  # the env has no such player (MultiTurnEnv.random_action's default)
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env has no {method}(): {e}", type="NotImplementedError",
+                        message=str(e)) from e
     except Exception as e:
-        raise _env_error(method, e) from e
+        raise _env_error(method, e, session) from e
     if not isinstance(action, str):
         raise _env_error(method, TypeError(f"{method}() returned {type(action).__name__}, not str"))
     return action
@@ -359,13 +596,14 @@ def _generator_from_state(state: dict) -> np.random.Generator:
     name = state.get("bit_generator")
     if name not in BIT_GENERATORS:
         raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state['bit_generator'] must be one of {list(BIT_GENERATORS)}"
-                                                 f", got {name!r}; send rng.bit_generator.state of a numpy Generator")
+                                                 f", got {str(name)[:40]!r}; send rng.bit_generator.state of a numpy "
+                                                 "Generator")
     bit_generator = getattr(np.random, name)()
     try:
         bit_generator.state = state
-    except (TypeError, ValueError, KeyError) as e:
+    except Exception as e:  # numpy's checks: TypeError, ValueError, KeyError, OverflowError...
         raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state is not a valid {name} state ({type(e).__name__}: "
-                                                 f"{e}); send rng.bit_generator.state unchanged") from e
+                                                 f"{str(e)[:200]}); send rng.bit_generator.state unchanged") from e
     return np.random.Generator(bit_generator)
 
 
@@ -415,11 +653,17 @@ def _describe_env(env: gymnasium.Env) -> dict:
     return {"tools": _jsonable(tools, "tools"), "max_turns": None if max_turns is None else int(max_turns)}
 
 
-def _env_error(what: str, e: BaseException) -> HTTPError:
+def _env_error(what: str, e: BaseException, session: _Session | None = None) -> HTTPError:
+    """The reply to an exception the env raised: 409 when the session's episode had ended (the
+    env refused a call after its end), else 500 (a failure of the env on a valid request)."""
     if isinstance(e, HTTPError):
         return e
+    if session is not None and session.episode == "ended":
+        return HTTPError(HTTPStatus.CONFLICT, f"the episode ended, and the env raised {type(e).__name__} during "
+                                               f"{what}: {e}; POST /sessions/{{id}}/reset to start a new one",
+                         type=type(e).__name__, message=str(e))
     return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env raised {type(e).__name__} during {what}: {e}",
-                      type=type(e).__name__, message=str(e))
+                     type=type(e).__name__, message=str(e))
 
 
 def _unknown_session(sid: str, ttl: float) -> HTTPError:
@@ -435,16 +679,25 @@ def _close_quietly(env: gymnasium.Env) -> None:
         log.warning("env.close() raised %r", e)
 
 
+def _close_session(session: _Session, wait_s: float | None = None) -> None:
+    """Close the session's env (which ends its executor session: sandbox files, a warm sandbox,
+    a container) once a call in flight has finished (at most ``wait_s`` seconds; None: no bound)."""
+    got = session.lock.acquire(timeout=-1 if wait_s is None else wait_s)
+    try:
+        session.closed = True
+        _close_quietly(session.env)
+    finally:
+        if got:
+            session.lock.release()
+
+
 class _Handler(JSONHandler):
-    """Routes requests to an ``EnvServer`` (GET, POST and DELETE)."""
+    """Routes requests to an ``EnvServer`` (GET, POST and DELETE; other methods get 405)."""
 
     max_body_bytes = MAX_BODY_BYTES
     drain_bytes = 16 * MAX_BODY_BYTES
     logger = log
     json_server: EnvServer
-
-    def do_DELETE(self) -> None:  # noqa: N802 (http.server's naming)
-        self._dispatch("DELETE")
 
     def internal_error(self, e: Exception) -> HTTPError:
         return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env server failed: {type(e).__name__}: {e}",
@@ -478,10 +731,10 @@ def _parse_body(raw: bytes, endpoint: str) -> dict:
     """Decode and validate a body against ``REQUEST_SCHEMAS[endpoint]`` (empty means ``{}``)."""
     schema = REQUEST_SCHEMAS[endpoint]
     try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} is not JSON ({e}); send a JSON object "
-                                                 f"matching {json.dumps(schema)}") from e
+        body = parse_json(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} is not JSON this server reads: {e}; send a "
+                                                 f"JSON object matching {json.dumps(schema)}") from e
     if not isinstance(body, dict):
         raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} must be a JSON object, got "
                                                  f"{type(body).__name__}; send {json.dumps(schema)}")
