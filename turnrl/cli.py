@@ -10,7 +10,8 @@ Training has its own Hydra entry point (``python -m turnrl.train`` / ``turnrl-tr
 
 Exit codes: 0 success (every check passed; ``serve-env`` stopped by SIGINT/SIGTERM), 1 a
 check failed (or ``serve-env`` could not bind its address), 2 a usage error (bad arguments,
-an unknown env id, kwargs the env rejects, a bad suite or suite config, a server without a
+an unknown env id, kwargs the env rejects, a ``--client-kwarg`` that may control execution or
+that the env does not take, a bad suite or suite config, a server without a
 token on an address other than loopback: see ``--token-env``, or an ``eval`` checkpoint,
 override or k that cannot be used), 130 ``bench`` interrupted (its finished runs are kept; the
 same command goes on).
@@ -31,7 +32,7 @@ from tqdm import tqdm
 from turnrl.envs import check, registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
 from turnrl.envs.check import UnknownEnvError
-from turnrl.http_json import DEFAULT_TOKEN_ENV, server_token
+from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, server_token
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # build-model's choices, as in turnrl.agents.tiny_hf (not imported here: it loads torch)
@@ -132,25 +133,37 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve-env", help="serve an env over HTTP for RemoteEnv / env.url",
         description="Serve a registered env over HTTP (turnrl.envs.server), one env per session. Prints "
-                    "'serving ENV_ID at http://HOST:PORT' once listening; stops cleanly on SIGINT/SIGTERM.",
+                    "'serving ENV_ID at http://HOST:PORT' once listening; stops cleanly on SIGINT/SIGTERM, closing "
+                    "every session and sandbox. The env id and how code runs (--kwarg executors=..., "
+                    "executor_options=...) are the server's; clients may pass only tool_parser, max_turns, the "
+                    "env's own client_kwargs and the names --client-kwarg adds.",
     )
     serve.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs)")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0: all)")
     serve.add_argument("--port", type=_port, default=0, help="TCP port (default 0: a free port, printed)")
     serve.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
-                       help="env constructor kwarg, repeatable, parsed as for check-env")
+                       help="env constructor kwarg of every session, repeatable, parsed as for check-env (execution "
+                            "settings such as executor_options go here)")
+    serve.add_argument("--client-kwarg", action="append", default=[], metavar="NAME", dest="client_kwargs",
+                       help="a task kwarg clients may choose per session (e.g. n, num_boxes), repeatable; names "
+                            "that may control execution (executors, paths, URLs, tokens, limits...) are refused")
     serve.add_argument("--session-ttl", type=_positive_float, default=600.0, metavar="SECONDS",
                        help="close sessions idle this long (default 600)")
     serve.add_argument("--max-sessions", type=_positive_int, default=1024,
                        help="most sessions open at once (default 1024)")
+    serve.add_argument("--read-timeout", type=_positive_float, default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
+                       help="close a connection that has not sent its next whole request within this many seconds "
+                            f"(idle time included; default {DEFAULT_READ_TIMEOUT_S:g})")
     _token_env_argument(serve)
     serve.set_defaults(run=_serve_env)
 
     policy = commands.add_parser(
         "serve-policy", help="serve a checkpoint over an OpenAI-compatible HTTP API (for OpenAIPolicy)",
         description="Serve a transformers checkpoint with turnrl.agents.policy_server (/v1/models, /v1/completions "
-                    "with token-id prompts and logprobs, /v1/chat/completions). Prints 'serving policy at "
-                    "http://HOST:PORT' once listening; stops cleanly on SIGINT/SIGTERM.",
+                    "with token-id prompts and logprobs, /v1/chat/completions). Concurrent requests share generate "
+                    "calls, rows taken round robin, so a large request does not hold back a small one; each request "
+                    "is held to the --max-* limits. Prints 'serving policy at http://HOST:PORT' once listening; "
+                    "stops cleanly on SIGINT/SIGTERM.",
     )
     policy.add_argument("--path", required=True, help="checkpoint folder (save_pretrained of a model and tokenizer)")
     policy.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0: all)")
@@ -163,6 +176,16 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--batch-window-ms", type=float, default=5.0,
                         help="how long to gather concurrent requests into one batch (default 5)")
     policy.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    # the limits' defaults are turnrl.agents.policy_server's DEFAULT_* (not imported here: it loads torch)
+    policy.add_argument("--max-tokens-limit", type=_positive_int, default=4096,
+                        help="largest max_tokens a request may ask for (default 4096)")
+    policy.add_argument("--max-n", type=_positive_int, default=64, help="largest n a request may ask for (default 64)")
+    policy.add_argument("--max-request-rows", type=_positive_int, default=1024,
+                        help="most rows (prompts x n) in one request; larger ones get 400 saying how to split "
+                             "them (default 1024)")
+    policy.add_argument("--max-request-tokens", type=_positive_int, default=1 << 20,
+                        help="most tokens one request may ask to generate, rows x max_tokens; larger ones get 400 "
+                             "saying how to split them (default 1048576)")
     _token_env_argument(policy, "--api-key-env")
     policy.set_defaults(run=_serve_policy)
 
@@ -308,7 +331,8 @@ def _serve_env(args: argparse.Namespace) -> int:
     try:
         server = EnvServer(args.env_id, dict(args.kwarg), host=args.host, port=args.port,
                            session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
-                           token=server_token(args.token_env, args.host))
+                           token=server_token(args.token_env, args.host), client_kwargs=args.client_kwargs,
+                           read_timeout_s=args.read_timeout, close_executors=True)
     except ValueError as e:
         print(f"turnrl serve-env: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -338,7 +362,9 @@ def _serve_policy(args: argparse.Namespace) -> int:
         model, tokenizer = load_pretrained(args.path, dtype=args.dtype)
         server = PolicyServer(model.to(args.device).eval(), tokenizer, host=args.host, port=args.port,
                               model_name=args.served_model_name or args.path, max_batch=args.max_batch,
-                              batch_window_s=args.batch_window_ms / 1000, seed=args.seed, api_key=api_key)
+                              batch_window_s=args.batch_window_ms / 1000, seed=args.seed, api_key=api_key,
+                              max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
+                              max_request_rows=args.max_request_rows, max_request_tokens=args.max_request_tokens)
     except (OSError, ValueError) as e:
         print(f"turnrl serve-policy: error: {e}", file=sys.stderr)
         return EXIT_USAGE

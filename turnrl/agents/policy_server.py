@@ -4,21 +4,44 @@
 Run it as ``python -m turnrl serve-policy --path CHECKPOINT --port 8001`` and point
 ``OpenAIPolicy`` (or anything that speaks the OpenAI API) at it. Built on the standard
 library's ``ThreadingHTTPServer`` like ``turnrl.envs.server``: each connection gets a thread;
-every request's prompts go into one queue, and a batching thread gathers what arrives within
-``batch_window_s`` (up to ``max_batch`` rows with equal sampling parameters) into a single
-``TransformersPolicy.generate`` call. Sampling uses one generator seeded with ``seed``; the
-draws a request gets depend on what it was batched with, so results are reproducible for a
-fixed sequence of one-at-a-time requests.
+each request's rows (its prompts, ``n`` times each) go into one queue, and a batching thread
+gathers what arrives within ``batch_window_s`` into ``TransformersPolicy.generate`` calls of
+at most ``max_batch`` rows with equal sampling parameters.
+
+The batcher is fair between requests: each call takes rows round robin from every waiting
+request with the call's parameters (one row of each in turn), and the requests take turns to
+choose those parameters. So a request that arrives while a large one is being sampled gets
+rows into one of the next few calls (at most one call per waiting request of other
+parameters), instead of waiting for the large one to finish. A single request is sampled in
+its own order, ``max_batch`` rows a call.
+
+Sampling uses one generator seeded with ``seed``; the draws a request gets depend on what it
+was batched with, so results are reproducible for a fixed sequence of one-at-a-time requests.
+
+Limits (each a constructor argument and a ``serve-policy`` flag; a request over one gets 400
+saying the limit and what to send instead):
+
+* ``max_tokens`` in ``[1, max_tokens_limit]`` (``--max-tokens-limit``, default 4096), and
+  with the prompt within the model's context (``max_model_len``);
+* ``n`` in ``[1, max_n]`` (``--max-n``, default 64);
+* per request, at most ``max_request_rows`` rows, prompts x ``n`` (``--max-request-rows``,
+  default 1024), and at most ``max_request_tokens`` tokens to generate, rows x ``max_tokens``
+  (``--max-request-tokens``, default 1048576): a larger job is sent as several requests (the
+  error says how many prompts fit in one);
+* ``temperature`` 0 (greedy) or within ``[MIN_TEMPERATURE, MAX_TEMPERATURE]`` = [0.01, 100]
+  (below 0.01 sampling is greedy in all but float32 rounding: send 0);
+* prompt token ids within the vocabulary; text free of lone UTF-16 surrogates (which have no
+  UTF-8 encoding).
 
 Endpoints (JSON in, JSON out):
 
 * ``GET /v1/models`` -> ``{"object": "list", "data": [{"id": NAME, "object": "model",
   "owned_by": "turnrl", "max_model_len": N}]}``.
 * ``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of either
-  (a batch). Honoured: ``model``, ``max_tokens`` (default 16), ``temperature`` (default 1; 0
-  means greedy, whose logprobs are at temperature 1), ``n``, ``add_special_tokens`` (text
-  prompts; default true, as in vLLM), ``logprobs`` (null, 0 or 1: the
-  sampled token's logprob; ``top_logprobs`` holds only the sampled token),
+  (a batch). Honoured: ``model``, ``max_tokens`` (default 16, or ``max_tokens_limit`` when
+  lower), ``temperature`` (default 1; 0 means greedy, whose logprobs are at temperature 1),
+  ``n``, ``add_special_tokens`` (text prompts; default true, as in vLLM), ``logprobs`` (null, 0
+  or 1: the sampled token's logprob; ``top_logprobs`` holds only the sampled token),
   ``stop_token_ids`` (only the end-of-turn id, which always stops; ``ignore_eos`` only with
   it, where it changes nothing), ``skip_special_tokens``
   (text only), and vLLM's ``return_tokens_as_token_ids`` (``tokens`` are ``"token_id:N"``)
@@ -53,14 +76,15 @@ Sampling knobs the server cannot honour are refused, never ignored: ``top_p`` ot
 ``top_k`` other than -1/0, ``min_p``/penalties away from neutral, ``stop`` strings, ``seed``,
 ``echo``, ``stream``, ``logprobs`` > 1, ``suffix``, tools. Other unknown fields
 are ignored (as vLLM does). Errors are OpenAI-style ``{"error": {"message", "type", "param",
-"code"}}``: 400 a bad body (the message says which field and how to fix it), 401 a missing or
-wrong API key (when the server has one), 404 an unknown path or model, 405 a wrong method, 413
-a body over ``MAX_BODY_BYTES``, 500 a failure while generating (the server keeps running).
+"code"}}``: 400 a bad body (the message says which field and how to fix it, or which limit a
+request is over and how to split it), 401 a missing or wrong API key (when the server has one),
+404 an unknown path or model, 405 a wrong method, 413 a body over ``MAX_BODY_BYTES``, 500 a
+failure while generating (the server keeps running). Malformed input of any kind is a 4xx,
+never a 5xx.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -72,20 +96,56 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.sampling import Generation, SamplingParams
-from turnrl.http_json import HTTPError, JSONHandler, JSONServer
+from turnrl.http_json import HTTPError, JSONHandler, JSONServer, parse_json
 
-__all__ = ["MAX_BODY_BYTES", "PolicyServer", "SpawnedPolicyServer", "spawn_policy_server"]
+__all__ = ["DEFAULT_MAX_N", "DEFAULT_MAX_REQUEST_ROWS", "DEFAULT_MAX_REQUEST_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT",
+           "MAX_BODY_BYTES", "MAX_TEMPERATURE", "MIN_TEMPERATURE", "PolicyServer", "SpawnedPolicyServer",
+           "spawn_policy_server"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
 """Largest request body accepted (8 MiB); larger ones get 413."""
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+"""Default largest ``max_tokens`` of a request (``--max-tokens-limit``)."""
+DEFAULT_MAX_N = 64
+"""Default largest ``n`` of a request (``--max-n``)."""
+DEFAULT_MAX_REQUEST_ROWS = 1024
+"""Default most rows (prompts x ``n``) of one request (``--max-request-rows``)."""
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 20
+"""Default most tokens one request may ask to generate, rows x ``max_tokens`` (``--max-request-tokens``)."""
+
+# The temperatures a request may ask for besides 0 (greedy), and why.
+#
+# The sampler computes log_softmax(logits / T) in float32 (TransformersPolicy upcasts the logits;
+# float32 reaches 3.4e38 with a 24-bit significand), T itself rounded to float32:
+# * Overflow: T under 1.4e-45 (float32's smallest) rounds to 0, and logits / 0 is +-inf; the
+#   softmax then takes inf - inf = NaN (1e-300 did this). Any T with |logit| / T > 3.4e38
+#   overflows alike.
+# * Long before that, precision: a logprob is l_i/T - logsumexp(l/T), a difference of numbers of
+#   size |l|/T, each carrying a rounding error up to |l|/T * 2^-24. Logits of language models stay
+#   within a few hundred, so |l| <= 1e3 is generous: at T = 1e-2, |l|/T <= 1e5 and the error is
+#   under 0.01 nats; each halving of T doubles it while the sampled token no longer changes
+#   (a gap of one logit is already e^-100 at T = 1e-2). Below 1e-2 sampling is greedy in all but
+#   rounding noise, so it is refused with "send 0". (vLLM raises any T below 1e-2 to 1e-2 for the
+#   same reason; this server refuses instead, since the logprobs it returns must be those at the
+#   temperature the learner scores them with.)
+# * The upper bound is a sanity bound, not a numeric one (float32 takes T up to 3.4e38; beyond
+#   that T is inf and every scaled logit 0: uniform). Above 100 the logits' usual spread of tens
+#   shrinks below one, so sampling is close to uniform over the vocabulary: such a value is
+#   almost surely a mistake (a percentage, a wrong field).
+MIN_TEMPERATURE = 1e-2
+"""Smallest temperature other than 0 (greedy) a request may ask for (see the comment above)."""
+MAX_TEMPERATURE = 100.0
+"""Largest temperature a request may ask for."""
+_SHOWN = 100
+"""Characters of a refused value quoted in an error message."""
 _ENDPOINTS = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /stats, "
               "POST /collective_rpc, POST /reset_prefix_cache")
 _SERVING_LINE = re.compile(r"serving policy at (http://\S+)")
@@ -100,15 +160,33 @@ def _bad(message: str, param: str | None = None) -> HTTPError:
     return HTTPError(HTTPStatus.BAD_REQUEST, message, param=param)
 
 
-@dataclass
-class _Job:
-    """One row to sample: its prompt ids and parameters, and where the result lands."""
+def _show(value: Any) -> str:
+    """``repr(value)``, cut to ``_SHOWN`` characters (a refused value may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
-    prompt: list[int]
-    params: SamplingParams
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Generation | None = None
-    error: BaseException | None = None
+
+class _Request:
+    """One request's rows (``prompts[i]``, each once) for the batcher: how many were handed to a
+    generate call, their results, and ``done`` once every row has its result (or one failed)."""
+
+    def __init__(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        self.prompts, self.params = prompts, params
+        self.taken = 0  # rows handed to a generate call so far, in order
+        self.left = len(prompts)  # rows without a result yet
+        self.results: list[Generation | None] = [None] * len(prompts)
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    @property
+    def waiting(self) -> bool:
+        """True while rows are left to hand to a generate call."""
+        return self.error is None and self.taken < len(self.prompts)
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.done.set()
 
 
 class PolicyServer(JSONServer):
@@ -128,6 +206,9 @@ class PolicyServer(JSONServer):
         api_key: when set, requests (but ``GET /health``) must send ``Authorization: Bearer
             <api_key>`` (else 401); required unless ``host`` is loopback.
         max_tokens_limit: largest ``max_tokens`` a request may ask for.
+        max_n: largest ``n`` a request may ask for.
+        max_request_rows: most rows (prompts x ``n``) in one request.
+        max_request_tokens: most tokens one request may ask to generate (rows x ``max_tokens``).
 
     Raises:
         ValueError: On out-of-range arguments, or a non-loopback ``host`` without an API key.
@@ -135,14 +216,18 @@ class PolicyServer(JSONServer):
 
     def __init__(self, model, tokenizer, host: str = "127.0.0.1", port: int = 0, *, model_name: str = "turnrl-policy",
                  max_batch: int = 64, batch_window_s: float = 0.005, seed: int = 0, api_key: str | None = None,
-                 max_tokens_limit: int = 4096) -> None:
+                 max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT, max_n: int = DEFAULT_MAX_N,
+                 max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS,
+                 max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS) -> None:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
-        for name, value in (("max_batch", max_batch), ("max_tokens_limit", max_tokens_limit)):
+        for name, value in (("max_batch", max_batch), ("max_tokens_limit", max_tokens_limit), ("max_n", max_n),
+                            ("max_request_rows", max_request_rows), ("max_request_tokens", max_request_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(batch_window_s, bool) or not isinstance(batch_window_s, (int, float)) or batch_window_s < 0:
-            raise ValueError(f"batch_window_s must be a number of seconds >= 0, got {batch_window_s!r}")
+        if isinstance(batch_window_s, bool) or not isinstance(batch_window_s, (int, float)) or \
+                not 0 <= batch_window_s < math.inf:
+            raise ValueError(f"batch_window_s must be a finite number of seconds >= 0, got {batch_window_s!r}")
         if not isinstance(model_name, str) or not model_name:
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -150,10 +235,13 @@ class PolicyServer(JSONServer):
         super().__init__(host, port, _Handler, "policy-server", token=api_key or None)
         self.model_name = model_name
         self.max_batch, self.batch_window_s = max_batch, float(batch_window_s)
-        self.max_tokens_limit = max_tokens_limit
-        self.vocab_size = len(tokenizer)
+        self.max_tokens_limit, self.max_n = max_tokens_limit, max_n
+        self.max_request_rows, self.max_request_tokens = max_request_rows, max_request_tokens
+        self.vocab_size = _vocab_size(model, tokenizer)
         self.max_model_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._batching = threading.Event()  # set while the batcher runs
+        self._chose_last: _Request | None = None  # the request that chose the last call's parameters
         self._stats = {"requests": 0, "rows": 0, "batches": 0, "generated_tokens": 0, "in_flight": 0}
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
@@ -161,6 +249,7 @@ class PolicyServer(JSONServer):
 
     # --------------------------------------------------------------- running
     def _background(self) -> list[tuple[str, Callable[[], None]]]:
+        self._batching.set()
         return [("policy-batcher", self._batch_loop)]
 
     def _on_stop(self) -> None:
@@ -173,70 +262,108 @@ class PolicyServer(JSONServer):
 
     # -------------------------------------------------------------- batching
     def sample(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Queue ``prompts`` for the batcher and wait for their generations (in order)."""
-        jobs = [_Job(p, params) for p in prompts]
+        """Queue ``prompts`` (one request) for the batcher and wait for their generations (in order)."""
+        request = _Request([list(p) for p in prompts], params)
         with self._lock:
-            self._stats["in_flight"] += len(jobs)
+            self._stats["in_flight"] += len(prompts)
         try:
-            for job in jobs:
-                self._queue.put(job)
-            for job in jobs:
-                job.done.wait()
+            if not self._batching.is_set():
+                request.fail(RuntimeError("the server is not running"))
+            else:
+                self._queue.put(request)
+            while not request.done.wait(0.5):
+                if not self._batching.is_set():  # stopped meanwhile: nothing will answer
+                    request.fail(RuntimeError("the server is stopping"))
         finally:
             with self._lock:
-                self._stats["in_flight"] -= len(jobs)
-        for job in jobs:
-            if job.error is not None:
-                raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                f"generation failed: {type(job.error).__name__}: {job.error}")
-        return [job.result for job in jobs]  # type: ignore[misc]
+                self._stats["in_flight"] -= len(prompts)
+        if request.error is not None:
+            raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                            f"generation failed: {type(request.error).__name__}: {request.error}")
+        return request.results  # type: ignore[return-value]
 
     def _batch_loop(self) -> None:
-        pending: list[_Job] = []
-        while True:
-            if not pending:
-                first = self._queue.get()
-                if first is None:
-                    return
-                pending.append(first)
-            deadline = time.monotonic() + self.batch_window_s
-            while True:  # gather what arrives within the window
-                left = deadline - time.monotonic()
+        active: list[_Request] = []  # requests with rows to hand out, in turn order
+        try:
+            while True:
+                if not active:
+                    first = self._queue.get()
+                    if first is None:
+                        return
+                    active.append(first)
+                deadline = time.monotonic() + self.batch_window_s
+                while True:  # gather what arrives within the window
+                    left = deadline - time.monotonic()
+                    try:
+                        request = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if request is None:
+                        for r in active:
+                            r.fail(RuntimeError("the server is stopping"))
+                        return
+                    active.append(request)
+                rows = self._next_rows(active)
+                active = [r for r in active if r.waiting]
+                if rows:
+                    self._run(rows)
+        finally:
+            self._batching.clear()
+            self._chose_last = None
+            while True:  # whatever is still queued will not be sampled
                 try:
-                    job = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                    request = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if job is None:
-                    self._fail(pending, RuntimeError("the server is stopping"))
-                    return
-                pending.append(job)
-            params = pending[0].params
-            batch = [j for j in pending if j.params == params][: self.max_batch]
-            chosen = {id(j) for j in batch}
-            pending = [j for j in pending if id(j) not in chosen]
-            self._run(batch)
+                if request is not None:
+                    request.fail(RuntimeError("the server is stopping"))
 
-    def _run(self, batch: list[_Job]) -> None:
+    def _next_rows(self, active: list[_Request]) -> list[tuple[_Request, int]]:
+        """The next generate call's rows, ``(request, row)``, taken from ``active`` (the waiting
+        requests in turn order, changed in place).
+
+        The request whose turn it is chooses the sampling parameters; up to ``max_batch`` rows
+        are then taken round robin, one at a time, from every waiting request with those
+        parameters, in turn order. The request that chose goes to the back of the turn order
+        before the next call (behind any request that arrived meanwhile), so a waiting request
+        chooses within as many calls as there are requests of other parameters ahead of it, and
+        one of the same parameters shares the very next call.
+        """
+        active[:] = [r for r in active if r.waiting]
+        if len(active) > 1 and active[0] is self._chose_last:
+            active.append(active.pop(0))
+        if not active:
+            return []
+        params = active[0].params
+        same = [r for r in active if r.params == params]
+        rows: list[tuple[_Request, int]] = []
+        while len(rows) < self.max_batch and any(r.waiting for r in same):
+            for r in same:
+                if r.waiting and len(rows) < self.max_batch:
+                    rows.append((r, r.taken))
+                    r.taken += 1
+        self._chose_last = active[0]
+        return rows
+
+    def _run(self, rows: list[tuple[_Request, int]]) -> None:
+        params = rows[0][0].params
         try:
             with self._weights_lock:
-                generations = self.policy.generate([j.prompt for j in batch], batch[0].params)
-        except Exception as e:  # a failing batch fails its rows, not the server
-            log.exception("generate failed on a batch of %d", len(batch))
-            self._fail(batch, e)
+                generations = self.policy.generate([r.prompts[i] for r, i in rows], params)
+        except Exception as e:  # a failing batch fails its requests, not the server
+            log.exception("generate failed on a batch of %d", len(rows))
+            for r, _ in rows:
+                r.fail(e)
             return
         with self._lock:
             self._stats["batches"] += 1
-            self._stats["rows"] += len(batch)
+            self._stats["rows"] += len(rows)
             self._stats["generated_tokens"] += sum(len(g.token_ids) for g in generations)
-        for job, gen in zip(batch, generations):
-            job.result = gen
-            job.done.set()
-
-    @staticmethod
-    def _fail(jobs: list[_Job], error: BaseException) -> None:
-        for job in jobs:
-            job.error = error
-            job.done.set()
+        for (r, i), gen in zip(rows, generations):
+            r.results[i] = gen
+            r.left -= 1
+            if r.left == 0:
+                r.done.set()
 
     # -------------------------------------------------------------- endpoints
     def models(self) -> dict:
@@ -248,15 +375,16 @@ class PolicyServer(JSONServer):
         """``POST /v1/completions`` (see the module docstring)."""
         self._check_model(body)
         _refuse_unsupported(body)
-        prompts = self._prompts(body.get("prompt"), _flag(body, "add_special_tokens", default=True))
+        raw_prompts = _prompt_batch(body.get("prompt"))
+        special = _flag(body, "add_special_tokens", default=True)
         params, n = self._sampling(body, "max_tokens")
         logprobs = _optional_int(body, "logprobs", 0, 1, "the server returns the sampled token's logprob only")
         stop_ids = body.get("stop_token_ids")
         if stop_ids is not None:
             ends = tuple(getattr(self.policy, "stop_ids", (self.policy.eos_id,)))
-            if not isinstance(stop_ids, list) or any(i not in ends for i in stop_ids):
+            if not isinstance(stop_ids, list) or any(not _is_int(i) or i not in ends for i in stop_ids):
                 raise _bad(f"stop_token_ids may only hold end-of-turn ids {list(ends)} (which always stop), got "
-                           f"{stop_ids!r}", "stop_token_ids")
+                           f"{_show(stop_ids)}", "stop_token_ids")
         ignore_eos = _flag(body, "ignore_eos")
         if ignore_eos and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
             raise _bad("ignore_eos=true is only supported together with stop_token_ids=[end-of-turn id]: "
@@ -264,6 +392,8 @@ class PolicyServer(JSONServer):
         as_ids = _flag(body, "return_tokens_as_token_ids")
         with_ids = _flag(body, "return_token_ids")
         skip_special = _flag(body, "skip_special_tokens", default=True)
+        self._check_budget(len(raw_prompts), n, params, "prompts")
+        prompts = self._prompts(raw_prompts, special)
         self._check_lengths(prompts, params)
         generations = self.sample([p for p in prompts for _ in range(n)], params)
         choices = []
@@ -294,9 +424,12 @@ class PolicyServer(JSONServer):
             raise _bad("'messages' must be a non-empty list of {\"role\": str, \"content\": str}", "messages")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise _bad(f"messages[{i}] must be {{\"role\": str, \"content\": str}}, got {str(m)[:100]}", "messages")
+                raise _bad(f"messages[{i}] must be {{\"role\": str, \"content\": str}}, got {_show(m)}", "messages")
+            _check_text(m["role"], f"messages[{i}].role", "messages")
+            _check_text(m["content"], f"messages[{i}].content", "messages")
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         params, n = self._sampling(body, key)
+        self._check_budget(1, n, params, "conversations")
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise _bad("the served tokenizer has no chat template; use /v1/completions", "messages")
         try:
@@ -304,7 +437,7 @@ class PolicyServer(JSONServer):
                                                       tokenize=False, add_generation_prompt=True)
         except Exception as e:  # the template rejected the conversation (e.g. a role it does not know)
             raise _bad(f"the chat template cannot render these messages: {type(e).__name__}: {e}", "messages") from e
-        prompt = self._encode(text)
+        prompt = self._encode(text, where="the rendered messages", param="messages")
         self._check_lengths([prompt], params)
         generations = self.sample([prompt] * n, params)
         choices = [{"index": i, "message": {"role": "assistant",
@@ -316,31 +449,36 @@ class PolicyServer(JSONServer):
         """``POST /collective_rpc``: only ``reload_weights`` (see the module docstring)."""
         method, kwargs = body.get("method"), body.get("kwargs") or {}
         if method != "reload_weights":
-            raise _bad(f"method {method!r} is not served; this server runs only \"reload_weights\" (with kwargs "
+            raise _bad(f"method {_show(method)} is not served; this server runs only \"reload_weights\" (with kwargs "
                        "{\"weights_path\": FOLDER})", "method")
         if not isinstance(kwargs, dict) or set(kwargs) != {"weights_path"} or \
                 not isinstance(kwargs["weights_path"], str) or not kwargs["weights_path"]:
             raise _bad(f"reload_weights takes kwargs {{\"weights_path\": FOLDER}} (a folder of *.safetensors), got "
-                       f"{str(kwargs)[:100]}", "kwargs")
+                       f"{_show(kwargs)}", "kwargs")
         self.reload_weights(kwargs["weights_path"])
         return {"results": [None]}
 
     def reload_weights(self, path: str) -> None:
         """Copy every tensor of folder ``path``'s ``*.safetensors`` into the served model.
 
-        All names and shapes are checked first, so a bad folder changes nothing. Runs between
-        two generate batches.
+        All names, shapes and values are checked first, so a bad folder changes nothing. Runs
+        between two generate batches.
 
         Raises:
-            HTTPError: 400 when the folder has no safetensors, or its tensors do not fit the model.
+            HTTPError: 400 when the folder has no safetensors, cannot be read, or its tensors do
+                not fit the model or hold NaN or inf.
         """
         import torch
         from safetensors.torch import load_file
 
-        folder = os.path.abspath(os.path.expanduser(path))
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        try:
+            _check_text(path, "weights_path", "kwargs")
+            folder = os.path.abspath(os.path.expanduser(path))
+            files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        except (OSError, ValueError) as e:  # unreadable, or a name the file system cannot hold (a NUL byte)
+            raise _bad(f"weights_path {_show(path)} cannot be listed ({type(e).__name__}: {e})", "kwargs") from e
         if not files:
-            raise _bad(f"weights_path {path!r} is not a folder holding *.safetensors files (on the server's "
+            raise _bad(f"weights_path {_show(path)} is not a folder holding *.safetensors files (on the server's "
                        "file system)", "kwargs")
         loaded: dict[str, torch.Tensor] = {}
         for file in files:
@@ -353,11 +491,14 @@ class PolicyServer(JSONServer):
         wrong = [n for n in loaded if n in params and tuple(loaded[n].shape) != tuple(params[n].shape)]
         covered = {params[n].data_ptr() for n in loaded if n in params}
         missing = sorted(n for n in params if n not in loaded and params[n].data_ptr() not in covered)
-        if unknown or wrong or missing:
+        not_finite = sorted(n for n, t in loaded.items()
+                            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()))
+        if unknown or wrong or missing or not_finite:
             detail = "; ".join(f"{what}: {names[:3]}" for what, names in
-                               (("unknown", unknown), ("other shape", wrong), ("missing", missing)) if names)
-            raise _bad(f"the weights in {path!r} do not fit the served model ({detail}); push a checkpoint of the "
-                       "same architecture", "kwargs")
+                               (("unknown", unknown), ("other shape", wrong), ("missing", missing),
+                                ("NaN or inf values", not_finite)) if names)
+            raise _bad(f"the weights in {_show(path)} do not fit the served model ({detail}); push a finite "
+                       "checkpoint of the same architecture", "kwargs")
         with self._weights_lock, torch.no_grad():
             for name, tensor in loaded.items():
                 params[name].copy_(tensor)
@@ -391,49 +532,82 @@ class PolicyServer(JSONServer):
 
     def _check_model(self, body: dict) -> None:
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise _bad(f"'model' must be a string (the name GET /v1/models lists, {self.model_name!r}), got "
+                       f"{_show(model)}", "model")
         if model is not None and model != self.model_name:
-            raise HTTPError(HTTPStatus.NOT_FOUND, f"the model {model!r} is not served here; this server serves "
+            raise HTTPError(HTTPStatus.NOT_FOUND, f"the model {_show(model)} is not served here; this server serves "
                                                   f"{self.model_name!r} (GET /v1/models)", param="model")
 
-    def _prompts(self, prompt: Any, special: bool) -> list[list[int]]:
-        if isinstance(prompt, str):
-            return [self._encode(prompt, special)]
-        if isinstance(prompt, list) and prompt:
-            if all(_is_int(t) for t in prompt):
-                return [self._check_ids(prompt, "prompt")]
-            if all(isinstance(p, str) for p in prompt):
-                return [self._encode(p, special) for p in prompt]
-            if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
-                return [self._check_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-        raise _bad("'prompt' must be a string, a non-empty list of token ids, or a non-empty list of either "
-                   f"(a batch); got {str(prompt)[:100]}", "prompt")
+    def _prompts(self, prompts: list[str | list[int]], special: bool) -> list[list[int]]:
+        """Each prompt of ``_prompt_batch`` as token ids (text encoded, ids checked)."""
+        where = (lambda i: "prompt") if len(prompts) == 1 else (lambda i: f"prompt[{i}]")
+        return [self._encode(p, special, where(i)) if isinstance(p, str) else self._check_ids(p, where(i))
+                for i, p in enumerate(prompts)]
 
-    def _encode(self, text: str, special: bool = False) -> list[int]:
-        with self._tokenizer_lock:  # a fast tokenizer's settings are shared state: one caller at a time
-            ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+    def _encode(self, text: str, special: bool = False, where: str = "prompt", param: str = "prompt") -> list[int]:
+        _check_text(text, where, param)
+        try:
+            with self._tokenizer_lock:  # a fast tokenizer's settings are shared state: one caller at a time
+                ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        except Exception as e:  # text the tokenizer refuses
+            raise _bad(f"{where} cannot be tokenized: {type(e).__name__}: {e}", param) from e
         if not ids:
-            raise _bad("'prompt' is an empty string; send at least one token", "prompt")
+            raise _bad(f"{where} is an empty string; send at least one token", param)
         return ids
 
     def _check_ids(self, ids: list[int], where: str) -> list[int]:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise _bad(f"{where} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", "prompt")
+            raise _bad(f"{where} holds token ids outside the vocabulary [0, {self.vocab_size}): {_show(bad[:5])}",
+                       "prompt")
         return [int(t) for t in ids]
 
     def _sampling(self, body: dict, max_key: str) -> tuple[SamplingParams, int]:
-        max_tokens = _optional_int(body, max_key, 1, self.max_tokens_limit, "")
-        n = _optional_int(body, "n", 1, 64, "")
+        max_tokens = _optional_int(body, max_key, 1, self.max_tokens_limit, "the upper bound is this server's "
+                                   "--max-tokens-limit")
+        n = _optional_int(body, "n", 1, self.max_n, "the upper bound is this server's --max-n; send further "
+                          "requests for more samples")
         temperature = body.get("temperature")
         if temperature is None:
             temperature = 1.0
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or \
-                not math.isfinite(temperature) or temperature < 0:
-            raise _bad(f"'temperature' must be a number >= 0 (0: greedy), got {temperature!r}", "temperature")
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not (
+                temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+            raise _bad(f"'temperature' must be a number >= 0, either 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                       f"{MAX_TEMPERATURE:g}], got {_show(temperature)} (below {MIN_TEMPERATURE:g} sampling is greedy "
+                       "but for float32 rounding: send 0)", "temperature")
         greedy = temperature == 0
-        params = SamplingParams(max_new_tokens=16 if max_tokens is None else max_tokens,
+        params = SamplingParams(max_new_tokens=min(16, self.max_tokens_limit) if max_tokens is None else max_tokens,
                                 temperature=1.0 if greedy else float(temperature), greedy=greedy)
         return params, 1 if n is None else n
+
+    def _check_budget(self, count: int, n: int, params: SamplingParams, what: str) -> None:
+        """Refuse a request of ``count`` prompts (``what``: their plural) x ``n`` rows over the
+        per-request limits, saying how to split it."""
+        rows, max_tokens = count * n, params.max_new_tokens
+        tokens = rows * max_tokens
+        if rows <= self.max_request_rows and tokens <= self.max_request_tokens:
+            return
+
+        def noun(k: int) -> str:
+            return f"{k} {what if k != 1 else what[:-1]}"
+
+        fits = min(self.max_request_rows // n, self.max_request_tokens // (n * max_tokens))
+        if fits >= 1:
+            split = (f"split it into requests of at most {noun(fits)} each (at n={n}, max_tokens={max_tokens}): "
+                     f"{-(-count // fits)} requests here")
+        elif max_tokens > self.max_request_tokens:
+            split = f"lower max_tokens to at most {self.max_request_tokens}"
+        else:  # n is the trouble: fewer samples a request, the rest in further requests
+            most_n = min(self.max_request_rows, self.max_request_tokens // max_tokens)
+            shorter = (f" (or max_tokens to at most {self.max_request_tokens // n})"
+                       if n <= self.max_request_rows else "")
+            split = (f"one {what[:-1]} at n={n} and max_tokens={max_tokens} is already over: lower n to at most "
+                     f"{most_n}{shorter} and ask for the other samples in further requests")
+        raise _bad(f"this request asks for {rows} rows ({noun(count)} x n={n}) of up to max_tokens={max_tokens} "
+                   f"tokens, {tokens} tokens in all; this server takes at most {self.max_request_rows} rows and "
+                   f"{self.max_request_tokens} tokens (rows x max_tokens) per request (serve-policy "
+                   f"--max-request-rows, --max-request-tokens): {split}", "n" if count == 1 else "prompt")
 
     def _check_lengths(self, prompts: list[list[int]], params: SamplingParams) -> None:
         if self.max_model_len is None:
@@ -442,6 +616,40 @@ class PolicyServer(JSONServer):
         if longest + params.max_new_tokens > self.max_model_len:
             raise _bad(f"a prompt of {longest} tokens plus max_tokens={params.max_new_tokens} exceeds the model's "
                        f"context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens", "max_tokens")
+
+
+def _vocab_size(model, tokenizer) -> int:
+    """Token ids a prompt may hold: the tokenizer's, and no more than the model embeds."""
+    size = len(tokenizer)
+    try:
+        size = min(size, int(model.get_input_embeddings().num_embeddings))
+    except (AttributeError, NotImplementedError, TypeError):  # a model without a plain embedding table
+        pass
+    return size
+
+
+def _prompt_batch(prompt: Any) -> list[str | list[int]]:
+    """``prompt`` as a list of prompts, each a string or a list of token ids (checked for shape only)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            return [prompt]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return list(prompt)
+    raise _bad("'prompt' must be a string, a non-empty list of token ids, or a non-empty list of either "
+               f"(a batch); got {_show(prompt)}", "prompt")
+
+
+def _check_text(text: str, where: str, param: str) -> None:
+    """Refuse text without a UTF-8 encoding (JSON's ``\\ud800`` escapes decode to lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(f"{where} holds {_show(text[e.start:e.end])} at character {e.start}, a lone UTF-16 surrogate "
+                   "that no text can hold; send valid Unicode", param) from None
 
 
 # Refused request fields: name -> (value(s) that are fine, why the others are refused)
@@ -470,10 +678,10 @@ def _refuse_unsupported(body: dict) -> None:
         if isinstance(value, bool) and not any(isinstance(f, bool) for f in fine):
             raise _bad(f"{name}={value!r} is not supported by this server: {why}", name)
         if value not in fine and not (name == "logit_bias" and value == {}) and not (name == "tools" and value == []):
-            raise _bad(f"{name}={value!r} is not supported by this server: {why}", name)
+            raise _bad(f"{name}={_show(value)} is not supported by this server: {why}", name)
     stop = body.get("stop")
     if stop not in (None, "", []):
-        raise _bad(f"stop={stop!r}: stop strings are not supported (generation stops at the end-of-turn id); "
+        raise _bad(f"stop={_show(stop)}: stop strings are not supported (generation stops at the end-of-turn id); "
                    "drop 'stop'", "stop")
 
 
@@ -486,8 +694,8 @@ def _optional_int(body: dict, name: str, low: int, high: int, note: str) -> int 
     if value is None:
         return None
     if not _is_int(value) or not low <= value <= high:
-        raise _bad(f"'{name}' must be an integer in [{low}, {high}], got {value!r}" + (f" ({note})" if note else ""),
-                   name)
+        raise _bad(f"'{name}' must be an integer in [{low}, {high}], got {_show(value)}" +
+                   (f" ({note})" if note else ""), name)
     return value
 
 
@@ -496,7 +704,7 @@ def _flag(body: dict, name: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be true or false, got {value!r}", name)
+        raise _bad(f"'{name}' must be true or false, got {_show(value)}", name)
     return value
 
 
@@ -533,10 +741,10 @@ class _Handler(JSONHandler):
 
 
 def _parse_json(raw: bytes, path: str) -> dict:
-    try:
-        body = json.loads(raw) if raw.strip() else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _bad(f"the body of POST {path} is not JSON ({e}); send a JSON object") from e
+    try:  # depth and integer size checked too: walking such a body could not fail later
+        body = parse_json(raw) if raw.strip() else None
+    except ValueError as e:
+        raise _bad(f"the body of POST {path} is not JSON this server takes: {e}; send a JSON object") from None
     if not isinstance(body, dict):
         raise _bad(f"the body of POST {path} must be a JSON object, got {type(body).__name__}")
     return body
