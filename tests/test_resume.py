@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 
 from turnrl.agents.model import load_pretrained
 from turnrl.checkpoint import (CHECKPOINTS_DIR, TrainingState, checkpoint_steps, global_rng_state,
-                               latest_checkpoint, read_checkpoint, resolve_resume, step_dir_name, write_checkpoint)
+                               latest_checkpoint, read_checkpoint, resolve_resume, set_aside_log, step_dir_name,
+                               write_checkpoint)
 from turnrl.conf.schema import Config
 from turnrl.run import config_changes
 from turnrl.trainer import train
@@ -230,3 +231,20 @@ def test_bad_checkpoint_settings_fail_at_start_naming_the_setting(tmp_path):
         train(OmegaConf.to_object(_config(checkpoint_every=-1)), tmp_path)
     with pytest.raises(ValueError, match="trainer.resume='.*missing'"):
         train(OmegaConf.to_object(_config(resume=str(tmp_path / "missing"))), tmp_path)
+
+
+def test_a_resume_with_nothing_to_resume_sets_the_old_log_aside(tmp_path):
+    """A run killed before its first checkpoint, started again with trainer.resume=true, starts
+    afresh: its log must hold each step once, and the killed run's log is kept beside it."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events").write_text("x")
+    set_aside_log(tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tb").exists()
+    assert (tmp_path / "metrics.jsonl.before-restart").read_text() == '{"step": 1}\n'
+    assert (tmp_path / "tb.before-restart" / "events").exists()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
+    set_aside_log(tmp_path)  # again: the newer log replaces the older one set aside
+    assert (tmp_path / "metrics.jsonl.before-restart").read_text() == '{"step": 2}\n'
+    set_aside_log(tmp_path)  # nothing to set aside: nothing happens
+    assert (tmp_path / "metrics.jsonl.before-restart").exists()

@@ -442,7 +442,7 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
     ``turnrl.warmstart.warm_start_as_configured``), then save it. Returns the entry (None: ``cfg``
     keeps no warm start)."""
     from turnrl.agents.renderer import ChatRenderer
-    from turnrl.build import build_agent, env_factory
+    from turnrl.build import build_agent, env_factory, scripted_env
 
     if cache_path(cfg) is None:
         return None
@@ -452,7 +452,7 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
     env_fn = env_factory(cfg)
     model, tokenizer = build_agent(cfg, env_fn)
     renderer = ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs)
-    losses = warm_start_as_configured(cfg, model, renderer, env_fn(), progress=progress)
+    losses = warm_start_as_configured(cfg, model, renderer, scripted_env(cfg, env_fn), progress=progress)
     return save_to_cache(cfg, model, tokenizer, losses)
 
 

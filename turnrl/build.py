@@ -20,6 +20,7 @@ from turnrl.agents.tokenizer import CHAT_TEMPLATE, build_tokenizer
 from turnrl.agents.weights import unwrap_model
 from turnrl.algorithms.advantages import ADVANTAGES
 from turnrl.conf.schema import Config
+from turnrl.rollout.env_calls import DeadlineEnv
 from turnrl.warmstart import warmstart_seed
 
 
@@ -119,13 +120,19 @@ def agent_tool_parser(cfg: Config) -> str:
     return agent_chat_format(cfg).tool_parser if cfg.agent.tool_parser == "auto" else cfg.agent.tool_parser
 
 
+def scripted_env(cfg: Config, env_fn: Callable[[], gymnasium.Env]) -> DeadlineEnv:
+    """One env for the scripted players (tokenizer corpus, warm start, DPO pairs) whose every
+    reset and step returns within ``trainer.step_timeout_s`` (``DeadlineEnv``)."""
+    return DeadlineEnv(env_fn, cfg.trainer.step_timeout_s)
+
+
 def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     """Load ``cfg.agent.path`` or build the tiny model (initialised with ``warmstart_seed(cfg)``)
     and a tokenizer trained on the env's texts."""
     agent = cfg.agent
     if agent.path:
         return load_pretrained(agent.path, agent.dtype)
-    env = env_fn()
+    env = scripted_env(cfg, env_fn)
     corpus = corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="expert")
     corpus += corpus_texts(env, range(agent.tokenizer.corpus_episodes), player="weak")
     tokenizer = build_tokenizer(corpus, agent.tokenizer.vocab_size, agent.tokenizer.max_number)

@@ -326,6 +326,20 @@ def restore_log(run_dir: str | Path, checkpoint: Checkpoint) -> None:
     shutil.rmtree(run_dir / "tb", ignore_errors=True)
 
 
+def set_aside_log(run_dir: str | Path) -> None:
+    """Before a run that starts afresh in ``run_dir`` although it was asked to resume
+    (``trainer.resume=true`` found no complete checkpoint: the run before was stopped before its
+    first one), move that run's metrics log and TensorBoard events aside (``*.before-restart``),
+    so the new log holds each step once and the old one is not lost."""
+    run_dir = Path(run_dir)
+    for name in (LOG_FILE, "tb"):
+        old = run_dir / name
+        if old.exists():
+            aside = run_dir / f"{name}.before-restart"
+            shutil.rmtree(aside, ignore_errors=True) if aside.is_dir() else aside.unlink(missing_ok=True)
+            os.replace(old, aside)
+
+
 def _prune(root: Path, keep: int) -> None:
     for child in root.iterdir():
         if child.name.startswith(_TMP_PREFIX):

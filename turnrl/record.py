@@ -109,6 +109,7 @@ class Recorder:
                    "temperature": coefs.temperature, **credited.metrics,
                    "policy_lag": float(rollouts.staleness), "step_time": time.perf_counter() - started,
                    "rollout_time": rollouts.rollout_time, "rollout_wait": waited}
+        metrics["nonfinite_updates_total"] = nonfinite_total(self.result.train, metrics)
         self.result.train.append({"step": step, **metrics})
         self.run.logger.log(step, metrics)
         self.bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{self.result.evals[-1][1]['success']:.2f}")
@@ -161,14 +162,29 @@ class Recorder:
         warn_once(metrics, self.run.cfg, self.warned)
 
 
+def nonfinite_total(history: list[dict], metrics: dict) -> float:
+    """Optimizer steps (the policy's and a separate critic's) skipped for a NaN or inf in the
+    loss or the gradient since the run began: the previous step's total in ``history`` (the
+    metrics log, restored on resume) plus this step's ``nonfinite_updates`` and
+    ``critic_nonfinite_updates``."""
+    before = history[-1].get("nonfinite_updates_total", 0.0) if history else 0.0
+    return before + metrics.get("nonfinite_updates", 0.0) + metrics.get("critic_nonfinite_updates", 0.0)
+
+
 def warn_once(metrics: dict, cfg, warned: set[str]) -> None:
-    """Say so (once per run) when most turns are cut or most tool calls fail to parse."""
+    """Say so (once per run) when most turns are cut, most tool calls fail to parse or the
+    infrastructure ends most episodes."""
+    policy = cfg.trainer.infra_failures
     checks = {
         "turn_length_cut_rate": f"over half the turns hit agent.max_new_tokens={cfg.agent.max_new_tokens} "
                                 "before the end-of-turn token; raise it if replies are cut",
         "tool_parse_error_rate": f"over half the turns hold a malformed tool call (parser "
                                  f"{cfg.agent.tool_parser!r}, chat format {cfg.agent.chat_format!r}); check the call "
                                  "format the model writes",
+        "infra_failure_rate": "over half the episodes were ended by the infrastructure (env_error, tool_error, "
+                              f"step_timeout), which trainer.infra_failures={policy!r} "
+                              + ("trains on with the reward they got" if policy == "keep" else "leaves out of the "
+                                 "gradient, so few episodes train") + "; each trajectory's error says what failed",
     }
     for key, message in checks.items():
         if metrics.get(key, 0.0) > 0.5 and key not in warned:

@@ -18,7 +18,8 @@ from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.build import build_agent, env_factory
-from turnrl.checkpoint import Checkpoint, checkpoint_steps, read_checkpoint, resolve_resume, restore_log
+from turnrl.checkpoint import (Checkpoint, checkpoint_steps, read_checkpoint, resolve_resume, restore_log,
+                               set_aside_log)
 from turnrl.conf.schema import Config
 from turnrl.logger import RunLogger
 from turnrl.warmstart import cached
@@ -124,6 +125,8 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
         model.train(resumed.state.model_training)
         if procs.main:
             restore_log(run_dir, resumed)
+    if resumed is None and cfg.trainer.resume and procs.main:  # nothing to resume yet: a fresh log
+        set_aside_log(run_dir)
     model.to(procs.device)
     logger = RunLogger(run_dir if procs.main else run_dir / f"rank{procs.rank}",
                        tensorboard=cfg.trainer.tensorboard and procs.main)

@@ -20,6 +20,7 @@ from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.sampling import SamplingParams
 from turnrl.algorithms.dpo import DPOTrainer, load_pairs, pairs_from_groups, pairs_from_players
 from turnrl.algorithms.reward_model import RewardModel, RewardModelTrainer, calibration
+from turnrl.build import scripted_env
 from turnrl.conf.schema import Config
 from turnrl.envs.reward_model import RewardModelReward
 from turnrl.rollout.collector import RolloutCollector, Task
@@ -48,7 +49,8 @@ def pre_rl_stages(run: Run) -> PreRL:
     model); logs each stage's figures (``reward_model``, ``dpo`` rows)."""
     cfg, resumed = run.cfg, run.resumed
     if resumed is None and run.warm_cached is None:
-        losses = warm_start_as_configured(cfg, run.model, run.renderer, run.env_fn(), progress=cfg.trainer.progress)
+        losses = warm_start_as_configured(cfg, run.model, run.renderer, scripted_env(cfg, run.env_fn),
+                                          progress=cfg.trainer.progress)
         if losses and run.procs.main:
             save_to_cache(cfg, run.model, run.tokenizer, losses)
     stages = PreRL(run.env_fn)
@@ -75,7 +77,7 @@ def reward_model_stage(cfg: Config, model, renderer: ChatRenderer, env_fn: Calla
     if r.pairs_path:
         pairs = load_pairs(r.pairs_path, renderer)
     else:
-        pairs = pairs_from_players(env_fn(), renderer, r.scripted_episodes, seed=cfg.seed)
+        pairs = pairs_from_players(scripted_env(cfg, env_fn), renderer, r.scripted_episodes, seed=cfg.seed)
     if len(pairs) < 2:
         raise ValueError(f"the reward model needs at least 2 preference pairs, got {len(pairs)}; "
                          "raise reward_model.scripted_episodes or give reward_model.pairs_path")

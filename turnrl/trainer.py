@@ -59,7 +59,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             started = time.perf_counter()
             coefs = algorithm.coefs(step)
             rollouts, waited = source.next(step)
-            batch = collate(rollouts.trajectories, run.tokenizer.pad_token_id, cfg.algorithm.state_similarity)
+            batch = collate(rollouts.trajectories, run.tokenizer.pad_token_id, cfg.algorithm.state_similarity,
+                            cfg.trainer.infra_failures)
             credited = algorithm.credit(batch, coefs)
             update = algorithm.update(credited, coefs)
             source.after_update(step, run.model)    # the sampler gets the new weights

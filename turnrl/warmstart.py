@@ -19,6 +19,7 @@ from turnrl.agents.renderer import ChatRenderer
 from turnrl.agents.scripted import scripted_episode
 from turnrl.algorithms.batch import collate
 from turnrl.algorithms.sft import sft_loss
+from turnrl.rollout.termination import is_infra_failure
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ def warm_start(model, renderer: ChatRenderer, env, steps: int, batch_size: int, 
             scripted_episode(env, int(rng.integers(2**31)), renderer, player=player, rng=rng)
             for _ in range(batch_size)
         ]
+        episodes = [e for e in episodes if not is_infra_failure(e.termination)]  # a failed env's episode
+        if not episodes:  # (the env failed every episode of this step; logged by scripted_episode)
+            continue
         loss = sft_loss(model, collate(episodes, pad))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -65,6 +65,7 @@ CHOICES = [  # (key, a bad value, one allowed value the message must list)
     ("algorithm.critic", "joint", "shared"),
     ("algorithm.entropy_schedule", "step", "linear"),
     ("trainer.mixed_precision", "fp16", "bf16"),
+    ("trainer.infra_failures", "skip", "refill"),
 ]
 
 

@@ -1,4 +1,15 @@
-"""Collates trajectories into right-padded tensors for the learner."""
+"""Collates trajectories into right-padded tensors for the learner.
+
+Episodes the infrastructure ended (``turnrl.rollout.termination.is_infra_failure``: an env
+or tool that crashed, a step past its deadline) say nothing about the policy. Under the
+``drop`` and ``refill`` policies (``trainer.infra_failures``, the default ``drop``) ``collate``
+keeps their rows, for shapes and logs, but makes them absent to everything that trains
+(``TrainBatch.excluded``): no sampled tokens (``loss_mask`` 0: no loss, no whitening, no
+aggregation count), a group of their own (no group mean, std or leave-one-out baseline sees
+their reward), no anchor states (the others' anchor ids numbered as if they were not there),
+and the learner leaves them out of its minibatches. So every advantage and the update equal
+those of the batch without them. ``keep`` stacks them like any other episode.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from turnrl.algorithms.anchors import anchor_index
+from turnrl.algorithms.anchors import NO_ANCHOR, anchor_index
 from turnrl.algorithms.segments import segment_index
+from turnrl.rollout.termination import INFRA_FAILURE_POLICIES, is_infra_failure
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -34,6 +46,11 @@ class TrainBatch:
         segment_index: ``[N, T]`` long, the segment of each token (``Trajectory.segment_starts``;
             0 throughout for one segment, and on padding): the model scores each segment as its
             own sequence (``turnrl.algorithms.segments``).
+        excluded: ``[N]`` bool, rows that must not train (infrastructure failures under
+            ``collate(infra_failures="drop" | "refill")``), or None for none. ``collate`` has
+            already made such a row inert for every estimator (``loss_mask`` 0, a group of
+            its own, ``state_index`` -1); the flag is for code that counts rows (the
+            learner's minibatches, the critic's micro-batches).
     """
 
     input_ids: torch.Tensor
@@ -48,6 +65,7 @@ class TrainBatch:
     state_index: torch.Tensor
     values: torch.Tensor | None = None
     segment_index: torch.Tensor | None = None
+    excluded: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -59,6 +77,14 @@ class TrainBatch:
     def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
         """The sub-batch of the given rows (for micro-batching)."""
         return TrainBatch(**{k: None if v is None else v[index] for k, v in vars(self).items()})
+
+    def trained_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The indices among ``rows`` (default: every row, ``arange(N)``) that are not
+        ``excluded``, in order, on ``rows``' device."""
+        rows = torch.arange(len(self)) if rows is None else rows
+        if self.excluded is None:
+            return rows
+        return rows[~self.excluded.to(rows.device)[rows]]
 
     def micro_batches(self, rows: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[torch.Tensor]:
         """``rows`` (indices into this batch) split into micro-batches of rows of similar length.
@@ -103,7 +129,8 @@ def _cut(lengths: list[int], max_rows: int, max_tokens: int | None) -> list[int]
     return sizes[::-1]
 
 
-def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None) -> TrainBatch:
+def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float | None = None,
+            infra_failures: str = "drop") -> TrainBatch:
     """Stack trajectories into a ``TrainBatch`` (right padding).
 
     Args:
@@ -111,11 +138,26 @@ def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float
         pad_id: id written into padding positions.
         state_similarity: anchor grouping of state keys (``anchors.anchor_index``): None
             for exact matches only.
+        infra_failures: what to do with an episode the infrastructure ended
+            (``turnrl.rollout.termination.INFRA_FAILURE_POLICIES``). ``"drop"`` and
+            ``"refill"`` (whose collector has already sampled failures again once; what still
+            failed is dropped): the row is ``excluded``, with ``loss_mask`` 0, a
+            ``group_index`` no other row has and ``state_index`` -1 on every turn, and the
+            other rows' anchor ids are those of the batch without it; its tokens, rewards and
+            turns stay as they were. ``"keep"``: stacked like any episode, with the reward
+            it got.
+
+    Raises:
+        ValueError: On an empty list, or an ``infra_failures`` that is not one of the policies.
     """
     if not trajectories:
         raise ValueError("cannot collate an empty list of trajectories")
+    if infra_failures not in INFRA_FAILURE_POLICIES:
+        raise ValueError(f"infra_failures={infra_failures!r} is not one of {list(INFRA_FAILURE_POLICIES)}; "
+                         "pass one of them (trainer.infra_failures in a run's config)")
     n = len(trajectories)
-    width = max(len(t.token_ids) for t in trajectories)
+    dropped = [infra_failures != "keep" and is_infra_failure(t.termination) for t in trajectories]
+    width = max(1, max(len(t.token_ids) for t in trajectories))  # (an episode failed at reset has no token)
     k_max = max(1, max(t.num_turns for t in trajectories))
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((n, width), dtype=torch.long)
@@ -127,11 +169,21 @@ def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float
         length = len(traj.token_ids)
         input_ids[row, :length] = torch.tensor(traj.token_ids, dtype=torch.long)
         attention_mask[row, :length] = 1
-        loss_mask[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float)
+        if not dropped[row]:  # a dropped row keeps no sampled token
+            loss_mask[row, :length] = torch.tensor(traj.loss_mask, dtype=torch.float)
         old_logprobs[row, :length] = torch.tensor(traj.logprobs, dtype=torch.float)
         for k, (start, end) in enumerate(traj.turn_spans):
             turn_index[row, start:end] = k
         turn_rewards[row, : traj.num_turns] = torch.tensor(traj.turn_rewards, dtype=torch.float)
+    group_ids = [t.group_id for t in trajectories]
+    alone = max(group_ids) + 1  # a dropped row's own group: ids no trajectory has
+    for row in range(n):
+        if dropped[row]:
+            group_ids[row], alone = alone, alone + 1
+    kept = [row for row in range(n) if not dropped[row]]
+    state_index = torch.full((n, k_max), NO_ANCHOR, dtype=torch.long)
+    if kept:  # numbered over the kept rows alone: the ids of the batch without the dropped ones
+        state_index[kept] = anchor_index([trajectories[row] for row in kept], k_max, state_similarity)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -139,10 +191,11 @@ def collate(trajectories: list[Trajectory], pad_id: int, state_similarity: float
         old_logprobs=old_logprobs,
         turn_index=turn_index,
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float),
-        group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        group_index=torch.tensor(group_ids, dtype=torch.long),
         turn_rewards=turn_rewards,
         num_turns=torch.tensor([t.num_turns for t in trajectories], dtype=torch.long),
-        state_index=anchor_index(trajectories, k_max, state_similarity),
+        state_index=state_index,
         segment_index=segment_index([t.segment_starts for t in trajectories], [len(t.token_ids) for t in trajectories],
                                     width),
+        excluded=torch.tensor(dropped, dtype=torch.bool),
     )

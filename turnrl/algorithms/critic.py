@@ -5,6 +5,8 @@ clipped value-loss update. (A value head on the policy's own backbone is trained
 from __future__ import annotations
 
 import copy
+import logging
+import math
 
 import torch
 
@@ -15,6 +17,8 @@ from turnrl.algorithms.shared_prompt import decoder_hidden
 # algorithm.critic: a separate critic model (CriticLearner), or a value head on the policy's
 # backbone (shared, trained by the Learner)
 CRITICS = ("separate", "shared")
+
+log = logging.getLogger(__name__)
 
 
 def new_value_head(hidden_size: int) -> torch.nn.Linear:
@@ -67,7 +71,9 @@ class Critic(torch.nn.Module):
 class CriticLearner:
     """Fits a ``Critic`` to value targets with the clipped value loss
     ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)`` averaged over every
-    sampled token of the batch (global count, so micro-batching does not change it).
+    sampled token of the batch (global count, so micro-batching does not change it). Rows the
+    batch marks ``excluded`` are not run. An epoch whose loss or gradient is not finite takes
+    no optimizer step (weights and optimizer state unchanged; counted and logged).
 
     Args:
         critic: the critic model (trained in place).
@@ -88,7 +94,7 @@ class CriticLearner:
         self.critic.eval()
         device = next(self.critic.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in batch.micro_batches(torch.arange(len(batch)), self.optim_cfg.micro_batch_size,
+        for micro in batch.micro_batches(batch.trained_rows(), self.optim_cfg.micro_batch_size,
                                          self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro).to(device)
             out[micro] = self.critic(mb.input_ids, mb.attention_mask, mb.loss_mask, mb.segment_index).to(out.device) * batch.loss_mask[micro]
@@ -96,16 +102,19 @@ class CriticLearner:
 
     def update(self, batch: TrainBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
         """Fit the critic; returns ``value_loss``, ``value_clip_frac`` (means over sampled
-        tokens, last epoch), ``explained_variance`` of the returns by the old values."""
+        tokens, last epoch), ``explained_variance`` of the returns by the old values and
+        ``critic_nonfinite_updates`` (epochs whose step was skipped for a NaN or inf in the loss
+        or the gradient)."""
         loss_cfg, optim_cfg = self.loss_cfg, self.optim_cfg
         device = next(self.critic.parameters()).device
         batch, returns, old_values = batch.to(device), returns.to(device), old_values.to(device)
         self.critic.train()
         total = batch.loss_mask.sum().clamp(min=1.0)
-        for _ in range(loss_cfg.critic_epochs):
+        nonfinite = 0
+        for epoch in range(loss_cfg.critic_epochs):
             loss_sum, clipped = 0.0, 0.0
-            for micro in batch.micro_batches(torch.arange(len(batch), device=device), optim_cfg.micro_batch_size,
-                                             optim_cfg.micro_batch_tokens):
+            for micro in batch.micro_batches(batch.trained_rows(torch.arange(len(batch), device=device)),
+                                             optim_cfg.micro_batch_size, optim_cfg.micro_batch_tokens):
                 mb = batch.rows(micro)
                 mask = mb.loss_mask
                 v = self.critic(mb.input_ids, mb.attention_mask, mask, mb.segment_index)
@@ -119,12 +128,19 @@ class CriticLearner:
                 loss = 0.5 * (err * mask).sum() / total
                 loss.backward()
                 loss_sum += loss.item()
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), optim_cfg.max_grad_norm)
-            self.optimizer.step()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), optim_cfg.max_grad_norm))
+            if math.isfinite(loss_sum) and math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                nonfinite += 1
+                log.warning("non-finite critic loss or gradient (value_loss=%s, grad_norm=%s) in epoch %d: the "
+                            "critic's optimizer step is skipped, its weights and optimizer state unchanged",
+                            loss_sum, grad_norm, epoch)
             self.optimizer.zero_grad(set_to_none=True)
         mask = batch.loss_mask.bool()
         var = returns[mask].var() if mask.sum() > 1 else returns.new_tensor(0.0)
         resid = (returns - old_values)[mask].var() if mask.sum() > 1 else returns.new_tensor(0.0)
         explained = float(1.0 - resid / var) if float(var) > 0 else 0.0
         return {"value_loss": loss_sum, "value_clip_frac": clipped / float(total), "explained_variance": explained,
-                "value_mean": float(old_values[mask].mean()) if mask.any() else 0.0}
+                "value_mean": float(old_values[mask].mean()) if mask.any() else 0.0,
+                "critic_nonfinite_updates": float(nonfinite)}

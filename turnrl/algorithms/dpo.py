@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from turnrl.agents.renderer import ChatRenderer
 from turnrl.algorithms.batch import collate
 from turnrl.algorithms.scoring import token_logprobs
+from turnrl.rollout.termination import is_infra_failure
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -41,10 +42,12 @@ class PreferencePair:
 def pairs_from_groups(trajectories: Sequence[Trajectory]) -> list[PreferencePair]:
     """One pair per group of ``trajectories`` (by ``group_id``): the highest return as
     chosen, the lowest as rejected (first one on ties); groups whose returns are all equal
-    give no pair."""
+    give no pair. Episodes the infrastructure ended (``is_infra_failure``) are left out: their
+    return says nothing about the policy."""
     groups: dict[int, list[Trajectory]] = {}
     for t in trajectories:
-        groups.setdefault(t.group_id, []).append(t)
+        if not is_infra_failure(t.termination):
+            groups.setdefault(t.group_id, []).append(t)
     pairs = []
     for members in groups.values():
         best = max(members, key=lambda t: t.reward)
@@ -57,14 +60,14 @@ def pairs_from_groups(trajectories: Sequence[Trajectory]) -> list[PreferencePair
 def pairs_from_players(env, renderer: ChatRenderer, episodes: int, seed: int = 0) -> list[PreferencePair]:
     """Pairs from an env's scripted players, labelled by the env's verifier: for reset seeds
     ``seed .. seed + episodes - 1`` of the train split, the expert's episode against the weak
-    player's whenever the expert's return is higher."""
+    player's whenever the expert's return is higher (and the env failed neither episode)."""
     from turnrl.agents.scripted import scripted_episode  # agents import algorithms: import late
 
     pairs = []
     for s in range(seed, seed + episodes):
         good = scripted_episode(env, s, renderer, "expert")
         bad = scripted_episode(env, s, renderer, "weak", rng=np.random.default_rng(s))
-        if good.reward > bad.reward:
+        if good.reward > bad.reward and not (is_infra_failure(good.termination) or is_infra_failure(bad.termination)):
             pairs.append(PreferencePair(good, bad))
     return pairs
 
@@ -133,7 +136,7 @@ def load_pairs(path: str | Path, renderer: ChatRenderer) -> list[PreferencePair]
 def sequence_logprobs(model, trajectories: Sequence[Trajectory], pad_id: int) -> torch.Tensor:
     """``[N]`` sums of the sampled tokens' logprobs of each trajectory under ``model``."""
     device = next(model.parameters()).device
-    batch = collate(list(trajectories), pad_id).to(device)
+    batch = collate(list(trajectories), pad_id, infra_failures="keep").to(device)  # every trajectory scored
     lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
                            segments=batch.segment_index)
     return (lp * batch.loss_mask).sum(dim=1)

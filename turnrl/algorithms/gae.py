@@ -59,8 +59,8 @@ def _recursion(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
                gamma: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """Backward GAE over packed ``[N, L]`` tensors with per-step gamma and lambda."""
     adv = torch.zeros_like(rewards)
-    next_value = torch.zeros_like(rewards[:, 0])
-    running = torch.zeros_like(rewards[:, 0])
+    next_value = rewards.new_zeros(rewards.shape[0])  # (L may be 0: a batch without sampled tokens)
+    running = rewards.new_zeros(rewards.shape[0])
     for j in range(rewards.shape[1] - 1, -1, -1):
         live = valid[:, j]
         delta = rewards[:, j] + gamma[:, j] * next_value - values[:, j]
@@ -136,7 +136,7 @@ def turn_level_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0, 
     next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
     delta = torch.where(last, target - v, next_v - v) * valid
     adv = torch.zeros_like(delta)
-    running = torch.zeros_like(delta[:, 0])
+    running = delta.new_zeros(n)
     for j in range(width - 1, -1, -1):
         running = torch.where(last[:, j], delta[:, j], delta[:, j] + token_lam * running)
         adv[:, j] = torch.where(valid[:, j], running, torch.zeros_like(running))

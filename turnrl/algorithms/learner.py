@@ -2,12 +2,20 @@
 ``POLICY_LOSSES``), optional KL to a frozen reference and an entropy bonus. Plain torch on one
 process, or data-parallel under ``accelerate launch`` (pass an ``Accelerator``): each process
 trains on its shard of the rows, the loss is normalised by global counts, and the update equals
-the single-process one (``turnrl.distributed``)."""
+the single-process one (``turnrl.distributed``).
+
+Rows a batch marks ``excluded`` (infrastructure failures, ``turnrl.algorithms.batch.collate``)
+are in no minibatch: the update is the one of the batch without them. An optimizer step whose
+loss or gradient is not finite (NaN or inf on any process) is not taken: the weights and the
+optimizer state stay as they were, the gradient is zeroed, and it is counted
+(``nonfinite_updates``) and logged as a warning."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -21,6 +29,8 @@ from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses import KL_ESTIMATORS
 from turnrl.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 from turnrl.algorithms.scoring import token_logprobs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -169,9 +179,11 @@ class Learner:
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
             means over sampled tokens of ``entropy``, ``kl``, ``clip_frac``, ``approx_kl``,
-            ``ratio``; ``grad_norm`` (mean over optimizer steps) and ``skipped_updates`` (steps
-            left out for a zero gradient, ``OptimConfig.skip_zero_grad``). With several processes
-            every figure is of the global batch (the same on every process).
+            ``ratio``; ``grad_norm`` (mean over the optimizer steps whose gradient was finite),
+            ``skipped_updates`` (steps not taken: a zero gradient, ``OptimConfig.skip_zero_grad``,
+            or a non-finite one) and ``nonfinite_updates`` (of those, the steps whose loss or
+            gradient held a NaN or inf: their minibatches add nothing to the other figures). With
+            several processes every figure is of the global batch (the same on every process).
         """
         if advantages.shape != batch.loss_mask.shape:
             raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
@@ -190,9 +202,10 @@ class Learner:
         # collectives only with several processes (a process group may exist for other reasons)
         reduce = distributed.all_reduce if world > 1 else (lambda t, op="sum": t)
         weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
-        total_rows = int(reduce(torch.tensor(float(n), device=device)))
-        minibatches = [r.to(device) for r in distributed.minibatch_splits(n, max(1, min(loss_cfg.num_minibatches,
-                                                                                          total_rows)))]
+        trained = batch.trained_rows(torch.arange(n, device=device))  # excluded rows (infra failures) train on nothing
+        total_rows = int(reduce(torch.tensor(float(len(trained)), device=device)))
+        minibatches = [trained[r.to(device)] for r in distributed.minibatch_splits(
+            len(trained), max(1, min(loss_cfg.num_minibatches, total_rows)))]
         # the sampler/learner mismatch is measured on the learner's logprobs before any step:
         # from a no-grad pre-pass with TIS (whose ratio then uses the learner's logprobs as
         # "old"), else for free on the first minibatch's first forward
@@ -204,33 +217,63 @@ class Learner:
             is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, loss_cfg.tis,
                                               loss_cfg.tis_cap)
             batch = replace(batch, old_logprobs=learner_old)
-        grad_norms, skipped, extremes = [], 0, {"ratio_max": 0.0, "ratio_min": float("inf")}
+        grad_norms, skipped, nonfinite, extremes = [], 0, 0, {"ratio_max": 0.0, "ratio_min": float("inf")}
         for epoch in range(loss_cfg.ppo_epochs):
             sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
                                      "ratio", "tokens", "value_loss", "value_clipped")}
+            counted = 0  # minibatches of this pass whose figures are in sums (the finite ones)
             for m, rows in enumerate(minibatches):
-                measure = mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
+                # this minibatch's figures, added to the pass's only if its loss and gradient are finite
+                part = dict.fromkeys(sums, 0.0)
+                part_extremes = {"ratio_max": 0.0, "ratio_min": float("inf")}
+                part_mismatch = dict.fromkeys(mismatch, 0.0)
+                measure = part_mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
                 # weights of the global minibatch (its token/row counts summed over processes)
                 weights = torch.zeros_like(batch.loss_mask)
                 weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
                 value_weights = batch.loss_mask / reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
                 micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
-                if not micros:  # an empty local minibatch: a zero-weight row still joins the all-reduce
+                stand_in = None
+                if not micros:  # an empty local minibatch
+                    if world == 1:  # nothing to train on and no process to join: no step
+                        skipped += 1
+                        continue
+                    # a zero-weight row still joins the all-reduce (given one attended token, so
+                    # that its forward is finite even where every episode failed before a token)
                     micros = [torch.zeros(1, dtype=torch.long, device=device)]
                     weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
+                    stand_in = batch.rows(micros[0])
+                    attended = stand_in.attention_mask.clone()
+                    attended[:, 0] = 1
+                    stand_in = replace(stand_in, attention_mask=attended)
+                finite = True
                 for i, micro in enumerate(micros):
                     isw = None if is_weights is None else is_weights[micro]
                     value_args = None if returns is None else (returns[micro], value_weights[micro])
                     sync = i == len(micros) - 1 or self.accelerator is None
+                    mb = batch.rows(micro) if stand_in is None else stand_in
                     with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
-                        self._backward(batch.rows(micro), advantages[micro], weights[micro], coefs, sums, isw,
-                                       extremes, measure, value_args, record=len(rows) > 0)
-                grad_norms.append(float(self._clip_grad_norm()))
-                # the norm is of the global gradient, so every process skips the same steps
-                if grad_norms[-1] == 0.0 and self.optim_cfg.skip_zero_grad:
-                    skipped += 1
+                        finite &= self._backward(mb, advantages[micro], weights[micro], coefs, part,
+                                                 isw, part_extremes, measure, value_args, record=len(rows) > 0)
+                grad_norm = float(self._clip_grad_norm())
+                finite &= math.isfinite(grad_norm)
+                if world > 1:  # a NaN loss on one process alone: every process must skip the step
+                    finite = not bool(reduce(torch.tensor(float(not finite), device=device), "max"))
+                # the norm is of the global gradient and the verdict is shared, so every process
+                # skips the same steps
+                if not finite:
+                    skipped, nonfinite = skipped + 1, nonfinite + 1
+                    log.warning("non-finite loss or gradient (grad_norm=%s) in minibatch %d of pass %d: the "
+                                "optimizer step is skipped, weights and optimizer state unchanged", grad_norm, m,
+                                epoch)
                 else:
-                    self.optimizer.step()
+                    grad_norms.append(grad_norm)
+                    _merge(sums, part, extremes, part_extremes, mismatch, part_mismatch)
+                    counted += 1
+                    if grad_norm == 0.0 and self.optim_cfg.skip_zero_grad:
+                        skipped += 1
+                    else:
+                        self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
         if world > 1:  # every figure of the global batch
             sums = dict(zip(sums, reduce(torch.tensor(list(sums.values()), device=device)).tolist()))
@@ -240,8 +283,8 @@ class Learner:
             extremes = {"ratio_max": float(reduce(torch.tensor(extremes["ratio_max"], device=device), "max")),
                         "ratio_min": float(reduce(torch.tensor(extremes["ratio_min"], device=device), "min"))}
         tokens = max(sums.pop("tokens"), 1.0)
-        pg_loss = sums.pop("pg_loss") / len(minibatches)
-        value_loss = sums.pop("value_loss") / len(minibatches)
+        pg_loss = sums.pop("pg_loss") / max(counted, 1)
+        value_loss = sums.pop("value_loss") / max(counted, 1)
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics["pg_loss"] = pg_loss
         metrics["clip_frac"] = metrics.pop("clipped")
@@ -252,8 +295,9 @@ class Learner:
             metrics["value_clip_frac"] = value_clipped
             value_sum = float(reduce((batch.values * batch.loss_mask).sum()))
             metrics["value_mean"] = value_sum / sampled if sampled else 0.0
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["skipped_updates"] = float(skipped)
+        metrics["nonfinite_updates"] = float(nonfinite)
         measured = max(mismatch.pop("tokens"), 1.0)
         metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
         metrics["mismatch_kl"] = mismatch["mismatch_kl"] / measured
@@ -261,6 +305,8 @@ class Learner:
         if is_weights is not None:
             metrics["tis_weight"] = float(reduce(is_weights.sum())) / max(sampled, 1.0)
         metrics.update(extremes)
+        if metrics["ratio_min"] == float("inf"):  # no token was trained on: no ratio to report
+            metrics["ratio_min"] = 0.0
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:
@@ -273,7 +319,8 @@ class Learner:
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        """``[N, T]`` values of the shared value head (no gradient); 0 off the loss mask.
+        """``[N, T]`` values of the shared value head (no gradient); 0 off the loss mask (and on
+        excluded rows).
 
         They are read from hidden states, before the logits, so no step coefficient (not the
         temperature either) changes them."""
@@ -281,7 +328,7 @@ class Learner:
             raise RuntimeError("this learner has no shared value head")
         device = next(self.model.parameters()).device
         out = torch.zeros_like(batch.loss_mask)
-        for micro in batch.micro_batches(torch.arange(len(batch)), self.optim_cfg.micro_batch_size,
+        for micro in batch.micro_batches(batch.trained_rows(), self.optim_cfg.micro_batch_size,
                                          self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro).to(device)
             with self._autocast(device):
@@ -295,10 +342,10 @@ class Learner:
         """``[N, T]`` logprobs of the sampled tokens under ``softmax(logits / temperature)`` of
         ``model`` (default: the policy), no gradient, in micro-batches; 0 off the loss mask.
         Float32, or float64 for a float64 model."""
-        model = self.model if model is None else model
+        model = self.model if model is None else model  # (excluded rows are not scored: 0 there too)
         dtype = torch.promote_types(batch.loss_mask.dtype, next(model.parameters()).dtype)
         out = torch.zeros_like(batch.loss_mask, dtype=dtype)
-        rows = torch.arange(len(batch), device=batch.loss_mask.device)
+        rows = batch.trained_rows(torch.arange(len(batch), device=batch.loss_mask.device))
         for micro in batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):
@@ -324,9 +371,10 @@ class Learner:
 
     def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, coefs: StepCoefs, sums: dict,
                   is_weights: torch.Tensor | None, extremes: dict, measure: dict | None,
-                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> None:
+                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> bool:
         """Forward and backward of one micro-batch; ``record=False`` (a zero-weight stand-in
-        row that only joins the gradient all-reduce) leaves the statistics alone."""
+        row that only joins the gradient all-reduce) leaves the statistics alone. Returns
+        whether the loss was finite."""
         cfg = self.loss_cfg
         mask = mb.loss_mask
         with self._autocast(mask.device):
@@ -366,8 +414,9 @@ class Learner:
             loss.backward()
         else:  # DDP averages gradients over processes; the global loss is their sum
             self.accelerator.backward(loss * self.num_processes)
+        finite = bool(torch.isfinite(loss.detach()))
         if not record:
-            return
+            return finite
         extremes["ratio_max"] = max(extremes["ratio_max"], ratio_max)
         extremes["ratio_min"] = min(extremes["ratio_min"], ratio_min)
         sums["value_loss"] += value_loss
@@ -378,6 +427,7 @@ class Learner:
         sums["tokens"] += float(mask.sum())
         for k, v in stats.items():
             sums[k] += float(v)
+        return finite
 
 
 def _add_lora(model, optim: OptimConfig) -> None:
@@ -392,6 +442,16 @@ def _add_lora(model, optim: OptimConfig) -> None:
                                        target_modules=list(optim.lora_target_modules)), model)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
+
+
+def _merge(sums: dict, part: dict, extremes: dict, part_extremes: dict, mismatch: dict, part_mismatch: dict) -> None:
+    """Add one minibatch's figures (``part``, ``part_extremes``, ``part_mismatch``) to the pass's."""
+    for k, v in part.items():
+        sums[k] += v
+    extremes["ratio_max"] = max(extremes["ratio_max"], part_extremes["ratio_max"])
+    extremes["ratio_min"] = min(extremes["ratio_min"], part_extremes["ratio_min"])
+    for k, v in part_mismatch.items():
+        mismatch[k] = max(mismatch[k], v) if k == "mismatch_max" else mismatch[k] + v
 
 
 def _add_mismatch(acc: dict, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> None:

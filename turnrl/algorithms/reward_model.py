@@ -57,7 +57,7 @@ class RewardModel(torch.nn.Module):
     def score(self, trajectories: Sequence[Trajectory]) -> torch.Tensor:
         """``[N]`` rewards of whole trajectories (no gradient)."""
         device = next(self.parameters()).device
-        batch = collate(list(trajectories), self.pad_id).to(device)
+        batch = collate(list(trajectories), self.pad_id, infra_failures="keep").to(device)  # every one scored
         with torch.no_grad():
             return self(batch.input_ids, batch.attention_mask, batch.segment_index)
 

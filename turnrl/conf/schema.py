@@ -212,9 +212,17 @@ class TrainerConfig(OptimConfig):
     # threads that step a turn's envs concurrently, so slow tools of many episodes overlap
     # (1 = one after another; trajectories do not depend on it)
     env_workers: int = 16
+    # seconds one env reset or step (its tool calls included) may take; past it the episode ends
+    # with termination "step_timeout" (an infrastructure failure) and its env is replaced; null: no deadline
+    step_timeout_s: Optional[float] = 300.0
     # collect rollouts in a background thread while the learner updates (turnrl.rollout.pipeline);
     # false = the synchronous loop
     async_rollouts: bool = False
+    # episodes the infrastructure ended (env_error, tool_error, step_timeout: a crashed env or tool
+    # server, a step past its deadline), whose reward says nothing about the policy: "drop" them from
+    # their group's statistics and the loss; "refill": sample each again once, and drop what fails
+    # again; "keep": train on them with the reward they got (usually 0, which biases the gradient)
+    infra_failures: str = "drop"
     # with async_rollouts: the most policy updates a step's rollouts lag behind (k); 0 = the
     # synchronous algorithm exactly, k >= 1 overlaps sampling and learning and needs
     # algorithm.tis=token|sequence (the importance-sampling correction of stale samples)

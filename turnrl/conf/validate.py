@@ -49,6 +49,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
     from turnrl.build import BACKENDS
     from turnrl.agents.chat_format import FORMATS
     from turnrl.rollout.compaction import ON_CONTEXT_LIMIT
+    from turnrl.rollout.termination import INFRA_FAILURE_POLICIES
     from turnrl.tools.parsers import PARSERS
 
     agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
@@ -71,6 +72,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
         ("algorithm.critic", algo.critic, CRITICS),
         ("algorithm.entropy_schedule", algo.entropy_schedule, SCHEDULES.names()),
         ("trainer.mixed_precision", trainer.mixed_precision, MIXED_PRECISION),
+        ("trainer.infra_failures", trainer.infra_failures, INFRA_FAILURE_POLICIES),
     ]
 
 
@@ -108,6 +110,9 @@ def problems(cfg: Config) -> list[str]:
     if trainer.threads is not None and trainer.threads < 0:
         out.append(f"trainer.threads={trainer.threads!r} must be null (this process's share of the cores), 0 "
                    "(torch's default) or a positive count; set trainer.threads=null")
+    if trainer.step_timeout_s is not None and not trainer.step_timeout_s > 0:
+        out.append(f"trainer.step_timeout_s={trainer.step_timeout_s!r} must be a positive number of seconds (the "
+                   "deadline of one env reset or step) or null (no deadline); set e.g. trainer.step_timeout_s=300")
     if algo.tis_cap <= 0:
         out.append(f"algorithm.tis_cap={algo.tis_cap!r} must be > 0 (the upper truncation of the TIS ratio, "
                    "e.g. 2.0); set algorithm.tis_cap to a positive value")

@@ -6,12 +6,15 @@ The trajectories carry the env's turn rewards, success, termination and a ``stat
 turn (the state's name, GiGPO's anchor), exactly as the rollout collector would write them,
 and go through ``turnrl.algorithms.batch.collate``, so every estimator sees the batch an LLM
 run would give it.
+
+Episodes can also be ended by the infrastructure (``InfraFailures``): as the rollout collector
+writes them (``termination="env_error"``), then collated under ``trainer.infra_failures``' policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -77,12 +80,78 @@ def sample_episodes(mdp: TabularMDP, pi: np.ndarray, tasks: np.ndarray, rng: np.
     return Episodes(states, actions, rewards, lengths, ended, succeeded, np.asarray(tasks))
 
 
-def to_trajectories(mdp: TabularMDP, episodes: Episodes, log_pi: np.ndarray, rows: range) -> list[Trajectory]:
-    """The trajectories of episodes ``rows`` (group id = task index)."""
+INFRA_MODELS = ("reset", "step")
+
+
+@dataclass(frozen=True)
+class InfraFailures:
+    """Episodes the infrastructure ends, and what the run does with them.
+
+    Attributes:
+        rate: the chance of a failure: per episode (``"reset"``) or per env step (``"step"``).
+        model: ``"reset"``: the episode fails before its first turn, whatever the policy would
+            have done (a sandbox that did not start, an env server down): no turns, reward 0.
+            ``"step"``: each env step raises with chance ``rate`` (a flaky server or tool): the
+            episode keeps its turns up to the one whose step raised, that turn's reward 0, so a
+            longer episode fails more often.
+        policy: ``trainer.infra_failures``: ``"drop"``, ``"keep"`` or ``"refill"`` (a failed
+            episode is sampled again once, same task; one that fails again is dropped).
+    """
+
+    rate: float = 0.0
+    model: str = "step"
+    policy: str = "drop"
+
+    def __post_init__(self):
+        from turnrl.rollout.termination import INFRA_FAILURE_POLICIES
+
+        if self.model not in INFRA_MODELS or self.policy not in INFRA_FAILURE_POLICIES or not 0 <= self.rate < 1:
+            raise ValueError(f"InfraFailures needs a rate in [0, 1), a model in {INFRA_MODELS} and a policy in "
+                             f"{INFRA_FAILURE_POLICIES}; got {self.rate!r}, {self.model!r}, {self.policy!r}")
+
+
+def crashes(episodes: Episodes, infra: InfraFailures, rng: np.random.Generator) -> np.ndarray:
+    """``[E]`` the turns each episode kept before the infrastructure ended it (0 for a failed
+    reset; ``j`` when the step of turn ``j`` raised), -1 for an episode that did not fail."""
+    n = len(episodes.lengths)
+    if infra.model == "reset":
+        return np.where(rng.random(n) < infra.rate, 0, -1)
+    width = episodes.states.shape[1]
+    raised = (rng.random((n, width)) < infra.rate) & (np.arange(width)[None, :] < episodes.lengths[:, None])
+    return np.where(raised.any(axis=1), raised.argmax(axis=1) + 1, -1)
+
+
+def with_failures(mdp: TabularMDP, pi: np.ndarray, episodes: Episodes, infra: InfraFailures,
+                  rng: np.random.Generator) -> tuple[Episodes, np.ndarray, np.ndarray]:
+    """``(episodes, crash [E], attempts [E])``: which episodes the infrastructure ended
+    (``crashes``); under ``refill`` each failed one sampled again once in its place (same
+    task), which may fail again."""
+    crash = crashes(episodes, infra, rng)
+    attempts = np.ones(len(crash), dtype=int)
+    again = np.flatnonzero(crash >= 0)
+    if infra.policy == "refill" and len(again):
+        redo = sample_episodes(mdp, pi, episodes.starts[again], rng)
+        fields = {}
+        for name in ("states", "actions", "rewards", "lengths", "ended", "succeeded"):
+            value = getattr(episodes, name).copy()
+            value[again] = getattr(redo, name)
+            fields[name] = value
+        episodes = replace(episodes, **fields)
+        crash[again] = crashes(redo, infra, rng)
+        attempts[again] = 2
+    return episodes, crash, attempts
+
+
+def to_trajectories(mdp: TabularMDP, episodes: Episodes, log_pi: np.ndarray, rows: range,
+                    crash: np.ndarray | None = None, attempts: np.ndarray | None = None) -> list[Trajectory]:
+    """The trajectories of episodes ``rows`` (group id = task index); with ``crash``
+    (``with_failures``), those the infrastructure ended cut to their kept turns, the last of
+    them (whose step raised) rewarded 0, ``termination="env_error"``."""
     num_states = mdp.num_states
     out = []
     for e in rows:
-        k = int(episodes.lengths[e])
+        failed = crash is not None and crash[e] >= 0
+        k = int(crash[e]) if failed else int(episodes.lengths[e])
         s, a = episodes.states[e, :k], episodes.actions[e, :k]
         tokens = np.empty(2 * k, dtype=int)
         tokens[0::2], tokens[1::2] = s, num_states + a
@@ -90,12 +159,16 @@ def to_trajectories(mdp: TabularMDP, episodes: Episodes, log_pi: np.ndarray, row
         logprobs = np.zeros(2 * k)
         logprobs[1::2] = log_pi[s, a]
         task = int(episodes.starts[e])
+        rewards = episodes.rewards[e, :k].tolist()
+        if failed and k:
+            rewards[-1] = 0.0  # the step raised: no reward for its turn
         out.append(Trajectory(
             token_ids=tokens.tolist(), loss_mask=mask, logprobs=logprobs.tolist(),
-            turn_spans=[(2 * j + 1, 2 * j + 2) for j in range(k)], turn_rewards=episodes.rewards[e, :k].tolist(),
-            success=bool(episodes.succeeded[e]), group_id=task, task_id=f"start{mdp.starts[task]}",
-            termination="terminated" if episodes.ended[e] else "truncated",
-            state_keys=[mdp.state_names[x] for x in s]))
+            turn_spans=[(2 * j + 1, 2 * j + 2) for j in range(k)], turn_rewards=rewards,
+            success=bool(episodes.succeeded[e]) and not failed, group_id=task, task_id=f"start{mdp.starts[task]}",
+            termination="env_error" if failed else "terminated" if episodes.ended[e] else "truncated",
+            state_keys=[mdp.state_names[x] for x in s], error="injected" if failed else None,
+            attempts=1 if attempts is None else int(attempts[e])))
     return out
 
 
@@ -110,11 +183,13 @@ class LabBatch:
         values: ``[M * N, T]`` the exact ``V_k(s_k)`` at each turn's action token (0 elsewhere),
             for the critic-based estimators.
         slices: the rows of each batch.
+        failed: the fraction of the episodes the infrastructure ended (after any refill).
     """
 
     batch: TrainBatch
     values: torch.Tensor
     slices: tuple[slice, ...]
+    failed: float = 0.0
 
 
 def exact_token_values(batch: TrainBatch, num_states: int, values: torch.Tensor) -> torch.Tensor:
@@ -127,9 +202,10 @@ def exact_token_values(batch: TrainBatch, num_states: int, values: torch.Tensor)
 
 
 def lab_batches(mdp: TabularMDP, pi: np.ndarray, group_size: int, num_batches: int, values: torch.Tensor,
-                seed: int, chunk: int = 100) -> Iterator[LabBatch]:
+                seed: int, chunk: int = 100, infra: InfraFailures | None = None) -> Iterator[LabBatch]:
     """``num_batches`` independent batches, each holding every task ``group_size`` times,
-    yielded ``chunk`` at a time as one ``LabBatch``."""
+    yielded ``chunk`` at a time as one ``LabBatch``; with ``infra`` (a positive rate), episodes
+    the infrastructure ends (``with_failures``), collated under ``infra.policy``."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     rng = np.random.default_rng(seed)
@@ -140,9 +216,13 @@ def lab_batches(mdp: TabularMDP, pi: np.ndarray, group_size: int, num_batches: i
         m = min(chunk, num_batches - first)
         tasks = np.tile(np.repeat(np.arange(tasks_per_batch), group_size), m)
         episodes = sample_episodes(mdp, pi, tasks, rng)
-        trajectories = to_trajectories(mdp, episodes, log_pi, range(m * per_batch))
+        crash = attempts = None
+        if infra is not None and infra.rate > 0:  # (no draws otherwise: the same batches as before)
+            episodes, crash, attempts = with_failures(mdp, pi, episodes, infra, rng)
+        trajectories = to_trajectories(mdp, episodes, log_pi, range(m * per_batch), crash, attempts)
         for row, traj in enumerate(trajectories):  # groups of different batches stay apart
             traj.group_id += (row // per_batch) * tasks_per_batch
-        batch = collate(trajectories, pad_id=0)
+        batch = collate(trajectories, pad_id=0, infra_failures="drop" if infra is None else infra.policy)
         slices = tuple(slice(b * per_batch, (b + 1) * per_batch) for b in range(m))
-        yield LabBatch(batch, exact_token_values(batch, mdp.num_states, values), slices)
+        failed = 0.0 if crash is None else float((crash >= 0).mean())
+        yield LabBatch(batch, exact_token_values(batch, mdp.num_states, values), slices, failed)

@@ -11,7 +11,11 @@ A sweep varies one knob over cells; ``SWEEPS`` holds the ones the docs show:
 * ``ragged``: the chance that an episode stops at each turn, 0 to 0.2 (corridor);
 * ``aggregation``: the four loss aggregations on ragged corridors;
 * ``staleness``: samples from an older policy than the one being updated (asynchronous RL),
-  where the policy losses (PPO's clip, GSPO's sequence ratio, CISPO's clipped weight) differ.
+  where the policy losses (PPO's clip, GSPO's sequence ratio, CISPO's clipped weight) differ;
+* ``infra``: episodes the infrastructure ends (a failed reset, or a step that raises), about 10
+  to 15% of them, trained on with reward 0 (``keep``), dropped (``drop``) or sampled again once
+  (``refill``): ``trainer.infra_failures``' three policies, on ragged corridors (whose long
+  episodes meet more failing steps) and fixed-length bandit chains.
 
 Unless a sweep says otherwise the aggregation is ``seq-mean-token-sum`` (each episode's token
 sum, over the number of episodes), the one under which plain REINFORCE is exactly unbiased,
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turnrl.credit_lab.episodes import lab_batches
+from turnrl.credit_lab.episodes import InfraFailures, lab_batches
 from turnrl.credit_lab.estimate import Method, batch_local, gradients, lab_methods
 from turnrl.credit_lab.exact import exact, policy_point
 from turnrl.credit_lab.mdp import make_mdp
@@ -52,6 +56,8 @@ class Cell:
         staleness: the sampler's policy is ``theta + staleness * N(0, 1)`` (seeded by
             ``policy_seed + 1``) while the gradient is taken at ``theta``: stale samples, their
             logprobs the sampler's (the critic's exact values are the sampler's too).
+        infra_rate / infra_model / infra_policy: episodes the infrastructure ends and what is
+            done with them (``episodes.InfraFailures``; rate 0: none).
     """
 
     sweep: str
@@ -64,6 +70,9 @@ class Cell:
     noise: float = 0.5
     policy_seed: int = 0
     staleness: float = 0.0
+    infra_rate: float = 0.0
+    infra_model: str = "step"
+    infra_policy: str = "drop"
 
 
 @SWEEPS.register("horizon")
@@ -108,6 +117,18 @@ def staleness_sweep() -> list[Cell]:
                  staleness=z) for z in (0.0, 0.3, 1.0)]
 
 
+@SWEEPS.register("infra")
+def infra_sweep() -> list[Cell]:
+    cells = []
+    for name, mdp, kwargs, failures in (
+            ("corridor", "corridor", {"length": 4, "horizon": 12, "stop_prob": 0.1}, (("reset", 0.1), ("step", 0.02))),
+            ("bandit", "bandit_chain", {"horizon": 8}, (("step", 0.02),))):
+        cells.append(Cell("infra", f"{name} none", mdp, kwargs))
+        cells += [Cell("infra", f"{name} {model}={rate:g} {policy}", mdp, kwargs, infra_rate=rate, infra_model=model,
+                       infra_policy=policy) for model, rate in failures for policy in ("keep", "drop", "refill")]
+    return cells
+
+
 def run_cell(cell: Cell, batches: int, seed: int = 0, methods: Sequence[Method] | None = None) -> list[dict]:
     """Every method's summary in ``cell`` over ``batches`` batches: one row (dict) each, with
     the cell's settings, the exact objective and success, and ``stats.summarize``'s figures."""
@@ -125,18 +146,23 @@ def run_cell(cell: Cell, batches: int, seed: int = 0, methods: Sequence[Method] 
     methods = list(methods or lab_methods())
     grads: dict[str, list[torch.Tensor]] = {m.label: [] for m in methods}
     local: dict[str, bool] = {}
-    mean_turns = []
-    for lab_batch in lab_batches(mdp, pi, cell.group_size, batches, sampler_values, seed):
+    mean_turns, failed = [], []
+    infra = InfraFailures(cell.infra_rate, cell.infra_model, cell.infra_policy) if cell.infra_rate else None
+    for lab_batch in lab_batches(mdp, pi, cell.group_size, batches, sampler_values, seed, infra=infra):
         if not local:
             local = {m.label: batch_local(m, lab_batch) for m in methods}
         mean_turns.append(float(lab_batch.batch.num_turns.double().mean()))
+        failed.append(lab_batch.failed)
         for m in methods:
             grads[m.label].append(gradients(m, lab_batch, theta, cell.aggregation, per_batch=not local[m.label]))
     seconds = time.perf_counter() - start
     rows = []
     for m in methods:
         row = {"sweep": cell.sweep, "x": cell.x, "method": m.label, "advantage": m.advantage,
-               "loss_agg": cell.aggregation, "mdp": mdp.name, "group_size": cell.group_size, "staleness": cell.staleness, "batches": batches,
+               "loss_agg": cell.aggregation, "mdp": mdp.name, "group_size": cell.group_size, "staleness": cell.staleness,
+               "infra_rate": cell.infra_rate, "infra_model": cell.infra_model, "infra_policy": cell.infra_policy,
+               "failed": sum(failed) / len(failed),
+               "batches": batches,
                "objective": ex.objective, "success": ex.success, "mean_turns": sum(mean_turns) / len(mean_turns),
                "seconds": seconds}
         row.update(summarize(torch.cat(grads[m.label]).flatten(1), ex.gradient))

@@ -16,7 +16,8 @@ from turnrl.credit_lab.lab import fmt
 
 ALPHA = 1e-3
 """Level of the bias tests in the tables: each flags an unbiased method with probability 1e-3."""
-COLUMNS = ("sweep", "x", "method", "advantage", "loss_agg", "mdp", "group_size", "staleness", "batches", "objective", "success",
+COLUMNS = ("sweep", "x", "method", "advantage", "loss_agg", "mdp", "group_size", "staleness", "infra_rate",
+           "infra_model", "infra_policy", "failed", "batches", "objective", "success",
            "mean_turns", "cosine", "scale", "snr", "nmse", "step_cosine", "uphill", "p_unbiased", "p_direction",
            "tested", "seconds")
 PLOTTED = ("grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "ppo", "ppo_raw", "gspo", "cispo", "reinforce")
@@ -30,7 +31,7 @@ def read_results(path: str | Path) -> list[dict]:
     """The rows of a ``results.csv`` (numbers as numbers), e.g. to redraw a report."""
     import csv
 
-    text = ("sweep", "x", "method", "advantage", "loss_agg", "mdp")
+    text = ("sweep", "x", "method", "advantage", "loss_agg", "mdp", "infra_model", "infra_policy")
     with open(path, newline="", encoding="utf-8") as f:
         return [{k: v if k in text else float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
@@ -64,7 +65,7 @@ def plot(rows: Sequence[dict], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = _ordered((r["sweep"], r["x"].split(" ")[0] if r["sweep"] in ("horizon", "group", "sparsity") else "")
+    panels = _ordered((r["sweep"], r["x"].split(" ")[0] if r["sweep"] in ("horizon", "group", "sparsity", "infra") else "")
                       for r in rows)
     cols = 3
     nrows = -(-len(panels) // cols)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from turnrl.rollout.termination import INFRA_TERMINATIONS, is_infra_failure
 from turnrl.rollout.trajectory import Trajectory
 
 
@@ -17,9 +18,14 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """``episodes`` (the count) and means over the batch: reward, success, turns, tokens, tool and
-    truncation rates, ``segments`` per episode (more than 1 where the chat template rewrote history); with a learned reward model also ``verifier_reward`` and
-    ``proxy_verifier_gap`` (proxy - verifier); for a mixture env ``success@<env>``,
-    ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
+    truncation rates, ``segments`` per episode (more than 1 where the chat template rewrote
+    history); ``infra_failure_rate``, the fraction of episodes the infrastructure ended
+    (``turnrl.rollout.termination.INFRA_TERMINATIONS``), and the fraction of each such ending
+    (``env_error_rate``, ``step_timeout_rate``, ``tool_error_rate``), counted after any refill,
+    and ``refill_rate``, the fraction sampled again after such an ending
+    (``trainer.infra_failures="refill"``); with a learned reward model
+    also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier); for a mixture env
+    ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
     n = max(len(trajectories), 1)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
@@ -37,7 +43,10 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "tool_exec_error_rate": sum(t.tool_errors for t in trajectories) / max(calls, 1),
         "truncation_rate": sum(t.termination == "truncated" for t in trajectories) / n,
         "turn_length_cut_rate": sum(t.length_truncated_turns for t in trajectories) / max(turns, 1),
-        "env_error_rate": sum(t.termination == "env_error" for t in trajectories) / n,
+        "infra_failure_rate": sum(is_infra_failure(t.termination) for t in trajectories) / n,
+        **{f"{reason}_rate": sum(t.termination == reason for t in trajectories) / n
+           for reason in sorted(INFRA_TERMINATIONS)},
+        "refill_rate": sum(t.attempts > 1 for t in trajectories) / n,
         "context_limit_rate": sum(t.termination == "context_length" for t in trajectories) / n,
         "length_limit_rate": sum(t.termination in ("observation_length", "episode_length") for t in trajectories) / n,
         "segments": sum(t.num_segments for t in trajectories) / n,

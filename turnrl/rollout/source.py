@@ -84,7 +84,10 @@ class _Source:
         self.sampler.set_rng_state(state["policy_rng"])
 
     def close(self) -> None:
-        self.sampler.close()
+        try:
+            self.collector.close()
+        finally:
+            self.sampler.close()
 
 
 class SyncRollouts(_Source):

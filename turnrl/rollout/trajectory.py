@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Literal
 
-Termination = Literal["terminated", "truncated", "env_error", "context_length", "observation_length",
-                      "episode_length"]
+from turnrl.rollout.termination import Termination
 
 
 @dataclass
@@ -31,21 +29,26 @@ class Trajectory:
         success: the env's verdict on the episode (``info["success"]`` of the last step).
         group_id: index of the task within the batch; the G samples of a task share it.
         task_id: the env's stable id of the task (same seed and split, same id).
-        termination: why the episode ended: env ``terminated``, ``truncated`` (turn limit),
-            ``env_error`` (the env or a tool raised; see ``error``), ``context_length`` (the next
-            turn would not fit ``max_context_tokens``), ``observation_length`` (one observation
-            over ``max_observation_tokens``) or ``episode_length`` (over ``max_episode_tokens``).
+        termination: why the episode ended, the model's doing or the infrastructure's
+            (``turnrl.rollout.termination``): env ``terminated``, ``truncated`` (turn limit),
+            ``context_length`` (the next turn would not fit ``max_context_tokens``),
+            ``observation_length`` (one observation over ``max_observation_tokens``),
+            ``episode_length`` (over ``max_episode_tokens``); or ``env_error`` (the env raised;
+            see ``error``), ``tool_error`` (a tool could not run, not for the model's input) or
+            ``step_timeout`` (a reset or step past its deadline).
         messages: the conversation as chat messages (decode(token_ids) renders them).
         state_keys: ``[K]`` the env's ``state_key`` at the start of each turn.
         tool_calls / tool_errors / parse_errors: counts over the episode (from env info).
         length_truncated_turns: turns cut by ``max_new_tokens`` before the end-of-turn token.
-        error: the exception text when ``termination == "env_error"``.
+        error: the exception text when the infrastructure ended the episode.
         verifier_reward: the env's own return when the rewards came from a learned reward
             model (``info["verifier_reward"]`` of the last step); None otherwise.
         env_id: the sub-env of a mixture that played the episode (``info["env_id"]`` at
             reset); None for a single env.
         segment_starts: ``[S]`` index in ``token_ids`` where each segment begins (``[0]``).
         tools: the tools' JSON schemas the chat template was given (``[]`` for none).
+        attempts: 2 when the episode was sampled again because the infrastructure ended the
+            first try (``trainer.infra_failures="refill"``), else 1.
     """
 
     token_ids: list[int]
@@ -68,6 +71,7 @@ class Trajectory:
     env_id: str | None = None
     segment_starts: list[int] = field(default_factory=lambda: [0])
     tools: list[dict] = field(default_factory=list)
+    attempts: int = 1
 
     @classmethod
     def from_conversation(cls, conv, turn_rewards: list[float], success: bool, group_id: int, task_id: str,
