@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port, start_server, stop_server
+from tests.tolerances import logprob_tol_any_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -48,12 +49,19 @@ def _train_rows(run_dir: Path, checkpoint: Path, urls: list[str], model: str, *e
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _assert_in_step(rows: list[dict]) -> None:
+def _assert_in_step(rows: list[dict], checkpoint: Path) -> None:
+    from turnrl.agents import load_pretrained
+    from turnrl.conf.schema import Config
+
+    # rounding only (a server's decode vs the learner's forward): the run's final model's logprob
+    # bound at its logits' a-priori size, over contexts up to max_context_tokens (tests/tolerances.py)
+    model, _ = load_pretrained(str(checkpoint))
+    tol = logprob_tol_any_input(model, Config().agent.max_context_tokens, Config().agent.temperature)
     check = [r for r in rows if r["kind"] == "engine_check"]
-    assert len(check) == 1 and check[0]["tokens"] > 0 and check[0]["max_abs"] < 1e-4, check
+    assert len(check) == 1 and check[0]["tokens"] > 0 and check[0]["max_abs"] <= tol, (check, tol)
     steps = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(r["mismatch_max"] < 1e-4 for r in steps), [r["mismatch_max"] for r in steps]
+    assert all(r["mismatch_max"] <= tol for r in steps), ([r["mismatch_max"] for r in steps], tol)
 
 
 def test_two_policy_servers_take_every_weight_push(checkpoint, tmp_path):
@@ -71,7 +79,7 @@ def test_two_policy_servers_take_every_weight_push(checkpoint, tmp_path):
     finally:
         for proc in procs:
             stop_server(proc)
-    _assert_in_step(rows)
+    _assert_in_step(rows, tmp_path / "run" / "checkpoint")
     assert not list((tmp_path / "run" / "sampler" / "weights").glob("push-*.tmp"))
     assert len(list((tmp_path / "run" / "sampler" / "weights").glob("push-*"))) == 1  # the previous pushes were removed
 
@@ -92,4 +100,4 @@ def test_a_vllm_server_takes_every_weight_push(checkpoint, tmp_path):
         rows = _train_rows(tmp_path / "run", checkpoint, [url], "tiny")
     finally:
         stop_server(proc)
-    _assert_in_step(rows)
+    _assert_in_step(rows, tmp_path / "run" / "checkpoint")

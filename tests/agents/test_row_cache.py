@@ -12,16 +12,18 @@ from turnrl.agents import SamplingParams, TransformersPolicy
 from turnrl.agents.prefix_cache import PrefixCache
 from turnrl.agents.row_cache import RowCache
 
+from tests.tolerances import logprob_tol_for
+
 
 def fed(generation):
     """The sampled ids a policy fed back (all but an end-of-turn id, which ends the turn)."""
     return generation.token_ids[:-1] if generation.finish_reason == "stop" else generation.token_ids
 
 
-def _same(got, expected):
+def _same(got, expected, tol):
     for a, b in zip(got, expected, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= tol
 
 
 @pytest.mark.slow
@@ -43,7 +45,10 @@ def test_turns_run_in_their_rows_and_sample_what_a_whole_prefill_does(policy_mod
     try:
         def turn(prompts):
             got = policy.generate(prompts, params)
-            _same(got, whole.generate(prompts, params))
+            # rounding only (a row of the kept buffer vs a whole prefill): the model's logprob bound
+            # at its logits' size over these sequences (tests/tolerances.py)
+            tol = logprob_tol_for(policy_model, [p + g.token_ids for p, g in zip(prompts, got)], params.temperature)
+            _same(got, whole.generate(prompts, params), tol)
             return got
 
         def reply(prompt, generation, text):

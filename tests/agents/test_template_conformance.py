@@ -187,6 +187,7 @@ def test_learner_logprobs_equal_the_samplers_on_each_familys_rollouts(family_rol
     import torch
 
     from turnrl.algorithms import collate, token_logprobs
+    from tests.tolerances import logprob_tol_for
 
     trajectories, tok, model = family_rollouts(name)
     assert all(t.termination in ("terminated", "truncated") for t in trajectories), [t.error for t in trajectories]
@@ -197,7 +198,9 @@ def test_learner_logprobs_equal_the_samplers_on_each_familys_rollouts(family_rol
                                     segments=batch.segment_index)
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) == sum(t.num_generated_tokens for t in trajectories)
-    assert float((learner - batch.old_logprobs).abs()[mask].max()) <= 1e-4
+    # rounding only (cached decode vs the learner's segmented forward): the model's logprob bound
+    tol = logprob_tol_for(model, [t.token_ids for t in trajectories])
+    assert float((learner - batch.old_logprobs).abs()[mask].max()) <= tol
     for traj in trajectories:  # every segment opens with a full render of the template (a prompt, not sampled ids)
         for start in traj.segment_starts:
             assert traj.loss_mask[start] == 0

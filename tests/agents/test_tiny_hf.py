@@ -13,6 +13,8 @@ from turnrl.agents.model import load_pretrained
 from turnrl.agents.tiny_hf import ARCHS, DEFAULT_TEMPLATES, build_checkpoint, build_model, template_tokenizer
 from turnrl.agents.vllm_policy import CPU_HEAD_SIZES
 
+from tests.tolerances import max_abs, network_tol
+
 CLASSES = {"qwen2": ("Qwen2ForCausalLM", "qwen2"), "qwen3": ("Qwen3ForCausalLM", "qwen3"),
            "llama": ("LlamaForCausalLM", "llama"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text")}
 # the end-of-turn token first (the tokenizer's eos), then the real checkpoints' other stop tokens
@@ -52,7 +54,11 @@ def test_a_tiny_real_architecture_reloads_with_the_same_logits(saved):
     ids = torch.tensor([tokenizer(tokenizer.apply_chat_template(MESSAGES, tokenize=False), add_special_tokens=False)
                         ["input_ids"]])
     with torch.no_grad():
-        assert torch.allclose(model(input_ids=ids).logits, again(input_ids=ids).logits, atol=1e-6, rtol=0)
+        expected = again(input_ids=ids).logits
+        # the same weights and computation; a GEMM may still round otherwise on other memory alignment:
+        # the network's rounding bound at the logits' size (tests/tolerances.py)
+        tol = network_tol(model.config, torch.float32, max_abs(expected), seq_len=ids.shape[1])
+        assert torch.allclose(model(input_ids=ids).logits, expected, atol=tol, rtol=0)
 
 
 def test_the_generation_config_stops_at_the_familys_end_of_turn_ids(saved):

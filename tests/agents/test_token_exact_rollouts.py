@@ -10,6 +10,8 @@ import torch
 
 from turnrl.algorithms import collate, token_logprobs
 
+from tests.tolerances import entropy_tol_for, logprob_tol_for
+
 pytestmark = pytest.mark.slow
 
 ENVS = ["guess_number", "calc_math"]
@@ -32,7 +34,9 @@ def test_sampler_logprobs_equal_learner_recomputed_logprobs(rollouts, policy_mod
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) == sum(t.num_generated_tokens for t in trajectories) > 0
     diff = (logprobs - batch.old_logprobs).abs()[mask]
-    assert float(diff.max()) <= 1e-4, f"max |sampler - learner| logprob = {float(diff.max()):.3g}"
+    # rounding only (cached decode vs the learner's forward): the model's logprob bound at its logits' size
+    tol = logprob_tol_for(policy_model, [t.token_ids for t in trajectories], temperature)
+    assert float(diff.max()) <= tol, f"max |sampler - learner| logprob = {float(diff.max()):.3g} > {tol:.3g}"
     # every sampled token is scored: none sits at column 0 (which has no logprob)
     assert not bool(mask[:, 0].any())
 
@@ -105,7 +109,11 @@ def test_scoring_only_sampled_tokens_gives_the_same_logprobs_and_entropies(rollo
         part, part_entropy = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                             score_mask=batch.loss_mask)
     mask = batch.loss_mask.bool()
-    assert torch.allclose(part[mask], full[mask], atol=1e-5)
-    assert torch.allclose(part_entropy[mask], full_entropy[mask], atol=1e-5)
+    # rounding only (the head on the scored rows alone; the sampler's cached decode): the model's
+    # logprob and entropy bounds at its logits' size and spread (tests/tolerances.py)
+    tol = logprob_tol_for(policy_model, [t.token_ids for t in trajectories])
+    entropy_tol = entropy_tol_for(policy_model, [t.token_ids for t in trajectories])
+    assert torch.allclose(part[mask], full[mask], rtol=0, atol=tol)
+    assert torch.allclose(part_entropy[mask], full_entropy[mask], rtol=0, atol=entropy_tol)
     assert (part[~mask] == 0).all() and (part_entropy[~mask] == 0).all()
-    assert float((part - batch.old_logprobs).abs()[mask].max()) <= 1e-4
+    assert float((part - batch.old_logprobs).abs()[mask].max()) <= tol

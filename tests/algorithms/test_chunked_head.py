@@ -2,6 +2,8 @@
 gradients without an ``[M, V]`` tensor kept for the backward."""
 
 import copy
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,6 +11,15 @@ import torch
 from tests.helpers import learner_settings
 from turnrl.algorithms import Learner, scoring, token_logprobs
 from turnrl.algorithms.chunked_head import chunked_logprobs
+
+from tests.tolerances import (adam_first_step_tol, entropy_tol, eps, float_tol, grad_tol, logit_magnitude,
+                              logprob_tol, max_abs)
+
+
+def head_config(head):
+    """The LM head alone as a network (no decoder layer) for ``tests/tolerances.py``'s bounds."""
+    return SimpleNamespace(hidden_size=head.in_features, intermediate_size=0, num_hidden_layers=0,
+                           vocab_size=head.out_features)
 
 
 def plain(hidden, head, targets, temperature, autocast=False):
@@ -35,11 +46,14 @@ def test_chunked_logprobs_equal_the_plain_path_with_their_gradients(bias, temper
     want, want_entropy = plain(hidden, head, targets, temperature)
     got, entropy = chunked_logprobs(hidden, head, targets, temperature, with_entropy=True, chunk=chunk)
     assert got.dtype == torch.float64 and got.shape == (m,)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(entropy, want_entropy.detach(), rtol=0, atol=1e-12)
+    # rounding only (the head's products and softmax a chunk of rows at a time), in float64: the
+    # head's logprob/entropy bounds at its logits' size, the gradients' at theirs over m rows
+    config, logits = head_config(head), max_abs(head(hidden)) / temperature
+    torch.testing.assert_close(got, want, rtol=0, atol=logprob_tol(config, torch.float64, logits))
+    torch.testing.assert_close(entropy, want_entropy.detach(), rtol=0, atol=entropy_tol(config, torch.float64, logits))
     assert not entropy.requires_grad  # a reported figure
     for mine, theirs in zip(grads(got, weights, hidden, head), grads(want, weights, hidden, head)):
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=grad_tol(config, torch.float64, max_abs(theirs), m))
     assert chunked_logprobs(hidden, head, targets, temperature, chunk=chunk)[1] is None
 
 
@@ -53,13 +67,28 @@ def test_under_bf16_autocast_the_products_run_in_bf16_as_the_heads_own_forward()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, _ = chunked_logprobs(hidden, head, targets, chunk=8)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # the same bf16 logits, softmax in float32
+    # the same bf16 logits, softmax in float32: a bf16 product summed in float32 in another order may
+    # round to the neighbouring bf16 value (one ulp, eps * |z|: a logprob moves by twice that), and
+    # the softmax rounds in float32 (tests/tolerances.py)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        z = max_abs(head(hidden).float())
+    tol = 2 * eps(torch.bfloat16) * z + float_tol(torch.float32, v, z + math.log(v))
+    torch.testing.assert_close(got, want, rtol=0, atol=tol)
     fp32, _ = plain(hidden, head, targets, 1.0)
     assert (got - fp32).abs().max() > 1e-4  # (so the bf16 products did run)
     mine, theirs = grads(got, weights, hidden, head), grads(want, weights, hidden, head)
     assert all(a.dtype == b.dtype == torch.float32 for a, b in zip(mine, theirs))
-    for a, b in zip(mine, theirs):  # bf16 products summed per chunk: equal to bf16 rounding
-        assert float((a - b).abs().max() / b.abs().max()) < 1e-2
+    # bf16 products summed per chunk: each chunk's product and the plain one round once to bf16
+    # (half an ulp of a partial sum), and the float32 gradient of the logits each path casts to bf16
+    # may round one ulp apart; a partial sum is at most the sum of its terms' sizes, from the
+    # logits' gradient d = w (onehot - p) (as many roundings: chunks + 1 products, 2 halves for d)
+    with torch.no_grad():
+        p = torch.softmax(head(hidden).float(), -1)
+        d = (weights[:, None] * (torch.nn.functional.one_hot(targets, v).float() - p)).abs()
+        terms = [d @ head.weight.abs(), d.T @ hidden.abs(), d.sum(0)]  # for hidden, weight, bias
+    roundings = -(-m // 8) + 1 + 2
+    for a, b, size in zip(mine, theirs, terms):
+        assert bool(((a - b).abs() <= roundings * eps(torch.bfloat16) / 2 * size).all())
 
 
 def test_no_positions_by_vocabulary_tensor_is_kept_for_the_backward():
@@ -114,11 +143,17 @@ def test_token_logprobs_chunk_the_head_past_the_threshold_with_the_same_gradient
     assert calls == []
     chunked_lp, chunked_ent, chunked_grads, ent_grad = scored(1)
     assert calls == [1] and not ent_grad
-    torch.testing.assert_close(chunked_lp, plain_lp, rtol=0, atol=1e-12)
-    torch.testing.assert_close(chunked_ent, plain_ent, rtol=0, atol=1e-12)
+    # rounding only, in float64: the model's logprob/entropy bounds at its logits' size (at 0.8),
+    # and per parameter the gradient bound at its size over the batch's tokens (tests/tolerances.py)
+    with torch.no_grad():
+        logits = logit_magnitude(model, ids, attention, 0.8)
+    config, width = model.config, ids.shape[1]
+    torch.testing.assert_close(chunked_lp, plain_lp, rtol=0, atol=logprob_tol(config, torch.float64, logits, width))
+    torch.testing.assert_close(chunked_ent, plain_ent, rtol=0, atol=entropy_tol(config, torch.float64, logits, width))
     assert float(chunked_lp.abs().sum()) > 0 and float(chunked_ent.abs().sum()) > 0
     for mine, theirs in zip(chunked_grads, plain_grads):
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+        tol = grad_tol(config, torch.float64, max_abs(theirs), int(attention.sum()))
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=tol)
     # an entropy bonus needs the entropy's gradient: the plain path, whatever the size
     *_, ent_grad = scored(1, entropy_grad=True)
     assert calls == [1] and ent_grad
@@ -159,8 +194,18 @@ def test_a_learner_update_is_the_same_with_the_head_chunked(tiny_model, batch, m
     plain_params, plain_metrics = updated(1 << 62)
     chunked_params, chunked_metrics = updated(1)
     assert not torch.equal(plain_params, torch.cat([p.detach().flatten() for p in base.parameters()]))
-    torch.testing.assert_close(chunked_params, plain_params, rtol=0, atol=1e-9)
-    assert chunked_metrics["entropy"] == pytest.approx(plain_metrics["entropy"], rel=1e-5)
+    # float64 gradients within rounding of each other (the bound at the gradient's norm, which no
+    # entry exceeds), through Adam's first step at its most sensitive (a gradient at 0: lr x
+    # rounding / eps); the entropy within the model's entropy bound plus its mean's sum
+    config, tokens = base.config, int(attention.sum())
+    step_tol = adam_first_step_tol(torch.zeros(()), grad_tol(config, torch.float64, plain_metrics["grad_norm"], tokens),
+                                   lr=1e-3, param=plain_params)
+    assert bool(((chunked_params - plain_params).abs() <= step_tol).all())
+    with torch.no_grad():
+        logits = logit_magnitude(base, ids, attention)
+    entropy_tolerance = (entropy_tol(config, torch.float64, logits, t)
+                         + float_tol(torch.float64, tokens, math.log(config.vocab_size)))
+    assert chunked_metrics["entropy"] == pytest.approx(plain_metrics["entropy"], abs=entropy_tolerance)
 
 
 def test_the_head_is_chunked_from_a_size_set_by_device_type():

@@ -11,6 +11,7 @@ from turnrl.agents.scripted import scripted_episode
 from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, dpo_loss, load_pairs, pairs_from_groups, sequence_logprobs
 from turnrl.envs import GuessNumberEnv
 from tests.algorithms.test_credit_estimators import traj
+from tests.tolerances import float_tol, logprob_tol_for, max_abs
 
 
 def test_dpo_loss_by_hand():
@@ -62,7 +63,15 @@ def test_dpo_steps_raise_the_chosen_over_the_rejected(renderer, tokenizer, fresh
     assert len(pairs) >= 3
     trainer = DPOTrainer(fresh_model, DPOConfig(beta=0.1, lr=3e-3, batch_size=len(pairs)), tokenizer.pad_token_id)
     history = trainer.train(pairs, steps=8, progress=False)
-    assert history[0]["margin"] == pytest.approx(0.0, abs=1e-4)  # policy == reference at the start
+    # policy == reference at the start: the margin is two policy-vs-reference gaps of sequence
+    # logprobs (chosen, rejected), each a sum of at most n token logprobs within rounding of each
+    # other (the model's logprob bound, tests/tolerances.py) plus the sum's own rounding
+    sequences = [t for p in pairs for t in (p.chosen, p.rejected)]
+    n = max(sum(t.loss_mask) for t in sequences)
+    seq_lp = sequence_logprobs(trainer.ref_model, sequences, tokenizer.pad_token_id)
+    tol = 2 * (n * logprob_tol_for(trainer.ref_model, [t.token_ids for t in sequences])
+               + float_tol(torch.float32, n, max_abs(seq_lp)))
+    assert history[0]["margin"] == pytest.approx(0.0, abs=tol)
     assert history[-1]["margin"] > 1.0 and history[-1]["loss"] < history[0]["loss"]
     chosen = sequence_logprobs(fresh_model, [p.chosen for p in pairs], tokenizer.pad_token_id)
     ref = sequence_logprobs(trainer.ref_model, [p.chosen for p in pairs], tokenizer.pad_token_id)

@@ -8,6 +8,8 @@ import torch
 
 from turnrl.algorithms import AGGREGATIONS, KL_ESTIMATORS, ppo_clip_loss
 
+from tests.tolerances import float_tol
+
 token_mean = AGGREGATIONS.get("token-mean")
 
 # per token: (advantage, ratio) -> hand-computed max(-A r, -A clip(r, 0.8, 1.2)) and whether clipping is active
@@ -62,7 +64,9 @@ def test_ppo_clip_loss_at_ratio_one_is_minus_mean_advantage():
     adv = torch.randn(3, 5, generator=gen)
     mask = (torch.rand(3, 5, generator=gen) > 0.3).float()
     loss, stats = ppo_clip_loss(lp, lp, adv, token_mean(mask))
-    assert float(loss) == pytest.approx(float(-(adv * mask).sum() / mask.sum()), abs=1e-6)
+    # float32 sums of the 15 weighted advantages in two orders, relative to the largest advantage
+    tol = float_tol(torch.float32, mask.numel(), float(adv.abs().max()))
+    assert float(loss) == pytest.approx(float(-(adv * mask).sum() / mask.sum()), abs=tol)
     assert float(stats["clipped"]) == 0 and float(stats["ratio"]) == pytest.approx(float(mask.sum()))
 
 
@@ -118,7 +122,9 @@ def test_kl_k3_is_nonnegative_and_zero_when_logprobs_are_equal():
     assert (k3(lp, ref) >= 0).all()
     assert (k3(lp, lp) == 0).all()
     d = float(ref[0, 0] - lp[0, 0])
-    assert float(k3(lp, ref)[0, 0]) == pytest.approx(math.exp(d) - d - 1, rel=1e-5)
+    # float32 against float64: exp(d) - d - 1 cancels, so its rounding is relative to its terms' size
+    assert float(k3(lp, ref)[0, 0]) == pytest.approx(math.exp(d) - d - 1,
+                                                      abs=float_tol(torch.float32, 3, math.exp(d) + abs(d) + 1))
     # extreme differences stay finite (the log-ratio is clamped)
     assert torch.isfinite(k3(torch.tensor([0.0]), torch.tensor([-1e4]))).all()
     assert torch.isfinite(k3(torch.tensor([-1e4]), torch.tensor([0.0]))).all()
