@@ -118,7 +118,10 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
         backoff_s: Sleep before the first retry; doubled before each next one.
         token_env: The environment variable holding the server's bearer token (read here;
             unset or empty, or None: no token is sent).
-        **env_kwargs: Constructor kwargs of the session's env, overriding the server's.
+        **env_kwargs: Task kwargs of the session's env, overriding the server's: only those the
+            server allows its clients (``tool_parser``, ``max_turns``, the env's ``client_kwargs``
+            and the operator's ``--client-kwarg``; ``GET /info`` lists them); another is refused
+            with HTTP 403 at the first reset.
 
     Raises:
         ValueError: On bad arguments, a malformed token in ``token_env``, or when the server

@@ -20,8 +20,8 @@ With ``recycle`` (and ``per_episode``) a sandbox that would be retired alive and
 its session closed or was evicted, is wiped instead (``WarmSandbox.wipe``: the server kills every
 process, empties every writable dir and removes the IPC objects, and says whether all of it is
 gone) and goes back among the fresh ones; one that does not answer clean within
-``WIPE_TIMEOUT_S`` is retired. At most ``size`` sandboxes wait idle, recycled or fresh: sessions that
-ended side by side leave no more warm sandboxes than the pool was asked to keep.
+``WIPE_TIMEOUT_S`` is retired. At most ``size`` sandboxes (1 with ``size=0``) wait idle, recycled or
+fresh: sessions that ended side by side leave no more warm sandboxes than the pool was asked to keep.
 """
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ class SandboxPool:
         wiped = await sandbox.wipe()
         with self._lock:
             self._wiping -= 1
-            keep = wiped and not self._closed and len(self._idle) < self.size  # never more warm than asked
+            keep = wiped and not self._closed and len(self._idle) < max(self.size, 1)  # no more warm than asked
             if keep:
                 self._idle.append(sandbox)
                 self.recycled += 1
