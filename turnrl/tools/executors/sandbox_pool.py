@@ -281,11 +281,12 @@ class SandboxPool:
             return
         with self._lock:
             self._starting -= 1
-            keep = not self._closed
+            # (recycled sandboxes may have filled the idle places while this one started)
+            keep = not self._closed and len(self._idle) < max(self.size, 1)
             if keep:
                 self._idle.append(sandbox)
         if not keep:
-            await sandbox.reap()
+            await self._reap(sandbox)
 
     async def _new(self) -> WarmSandbox:
         sandbox = await self._start()
