@@ -32,7 +32,7 @@ from tqdm import tqdm
 from turnrl.envs import check, registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
 from turnrl.envs.check import UnknownEnvError
-from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, server_token
+from turnrl.serving import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, server_token
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # build-model's choices, as in turnrl.agents.tiny_hf (not imported here: it loads torch)

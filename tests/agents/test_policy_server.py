@@ -149,20 +149,20 @@ def test_concurrent_requests_are_batched(server, prompt):
 
 
 BAD_BODIES = [
-    ({"max_tokens": 3}, "'prompt' must be"),
-    ({"prompt": []}, "'prompt' must be"),
+    ({"max_tokens": 3}, "prompt'?: Field required"),
+    ({"prompt": []}, "prompt'?: must be a string, a non-empty list of token ids"),
     ({"prompt": [1, 10**7]}, "outside the vocabulary"),
     ({"prompt": "hi", "max_tokens": 0}, "'max_tokens' must be an integer in"),
-    ({"prompt": "hi", "temperature": -1}, "'temperature' must be a number >= 0"),
-    ({"prompt": "hi", "top_p": 0.9}, "top_p=0.9 is not supported"),
-    ({"prompt": "hi", "top_k": 20}, "top_k=20 is not supported"),
-    ({"prompt": "hi", "logprobs": 5}, "'logprobs' must be an integer in \\[0, 1\\]"),
+    ({"prompt": "hi", "temperature": -1}, "temperature'?: must be a number >= 0"),
+    ({"prompt": "hi", "top_p": 0.9}, "top_p'?: nucleus sampling is not implemented.*got 0.9"),
+    ({"prompt": "hi", "top_k": 20}, "top_k'?: top-k sampling is not implemented.*got 20"),
+    ({"prompt": "hi", "logprobs": 5}, "logprobs'?: must be an integer in \\[0, 1\\]"),
     ({"prompt": "hi", "stream": True}, "streaming is not supported"),
     ({"prompt": "hi", "stop": ["\n"]}, "stop strings are not supported"),
     ({"prompt": "hi", "seed": 3}, "per-request seeds"),
     ({"prompt": "hi", "stop_token_ids": [5]}, "stop_token_ids may only hold"),
     ({"prompt": "hi", "ignore_eos": True}, "ignore_eos=true is only supported together with"),
-    ({"prompt": "hi", "return_token_ids": "yes"}, "'return_token_ids' must be true or false"),
+    ({"prompt": "hi", "return_token_ids": "yes"}, "return_token_ids'?: Input should be a valid boolean"),
     ({"prompt": "hi there", "max_tokens": 1024}, "exceeds the model's context"),
 ]
 

@@ -31,7 +31,7 @@ from turnrl.conf.schema import Config
 from turnrl.envs import GuessNumberEnv, check
 from turnrl.envs.remote import RemoteEnv, RemoteEnvError, RemoteEnvTokenError, from_json
 from turnrl.envs.server import MAX_BODY_BYTES, REQUEST_SCHEMAS, EnvServer, to_json
-from turnrl.http_json import TokenRefusedError
+from turnrl.serving import TokenRefusedError
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.rollout.metrics import rollout_metrics
 
@@ -184,20 +184,20 @@ def test_wrong_env_id_and_bad_url_fail_clearly(guess_server):
 
 
 @pytest.mark.parametrize("path, body, status, message", [
-    ("/sessions/{sid}/step", {}, 400, "missing required argument 'action'"),
-    ("/sessions/{sid}/step", {"action": 7}, 400, "'action' must be string, got integer"),
-    ("/sessions/{sid}/step", {"action": "1", "extra": 1}, 400, "unexpected argument 'extra'"),
-    ("/sessions/{sid}/reset", {"seed": "one"}, 400, "'seed' must be integer"),
-    ("/sessions/{sid}/reset", {"seed": -1}, 400, "non-negative"),
-    ("/sessions/{sid}/reset", [1, 2], 400, "must be a JSON object, got list"),
-    ("/sessions/{sid}/player", {"player": "genius"}, 400, "must be one of ['expert', 'weak', 'random']"),
+    ("/sessions/{sid}/step", {}, 400, "'action': Field required"),
+    ("/sessions/{sid}/step", {"action": 7}, 400, "'action': Input should be a valid string (got 7)"),
+    ("/sessions/{sid}/step", {"action": "1", "extra": 1}, 400, "'extra': Extra inputs are not permitted"),
+    ("/sessions/{sid}/reset", {"seed": "one"}, 400, "'seed': Input should be a valid integer"),
+    ("/sessions/{sid}/reset", {"seed": -1}, 400, "'seed': Input should be greater than or equal to 0"),
+    ("/sessions/{sid}/reset", [1, 2], 400, "the body must be a JSON object, got array"),
+    ("/sessions/{sid}/player", {"player": "genius"}, 400, "'player': Input should be 'expert', 'weak' or 'random'"),
     ("/sessions/{sid}/player", {"player": "weak"}, 400, "exactly one of 'rng_seed'"),
     ("/sessions/{sid}/player", {"player": "expert", "rng_seed": 1}, 400, "takes no randomness"),
     ("/sessions/{sid}/player", {"player": "weak", "rng_state": {"bit_generator": "Evil"}}, 400,
      "must be one of ['PCG64'"),
     ("/sessions/{sid}/player", {"player": "weak", "rng_state": {"bit_generator": "PCG64"}}, 400,
      "not a valid PCG64 state"),
-    ("/sessions", {"kwargs": 3}, 400, "'kwargs' must be object"),
+    ("/sessions", {"kwargs": 3}, 400, "'kwargs': Input should be a valid dictionary"),
     ("/sessions/nope/reset", {}, 404, "expired after 600 s idle"),
     ("/sessions/{sid}/dance", {}, 404, "the endpoints are"),
     ("/info", {}, 405, "use GET"),
@@ -207,29 +207,29 @@ def test_bad_requests_get_a_status_and_a_message(guess_server, path, body, statu
         sid = client.post("/sessions").json()["session_id"]
         reply = client.post(path.format(sid=sid), json=body)
         assert reply.status_code == status
-        assert message in reply.json()["error"]
+        assert message in reply.json()["error"]["message"]
         client.delete(f"/sessions/{sid}")
 
 
 def test_invalid_json_body_is_400(guess_server):
     reply = httpx.post(f"{guess_server.url}/sessions", content=b"{not json")
-    assert reply.status_code == 400 and "is not JSON" in reply.json()["error"]
+    assert reply.status_code == 400 and "is not JSON" in reply.json()["error"]["message"]
     big = httpx.post(f"{guess_server.url}/sessions", content=b" " * (MAX_BODY_BYTES + 1))
-    assert big.status_code == 413 and f"at most {MAX_BODY_BYTES}" in big.json()["error"]
+    assert big.status_code == 413 and f"at most {MAX_BODY_BYTES}" in big.json()["error"]["message"]
 
 
 def test_env_exceptions_are_500_and_the_server_keeps_serving():
     with EnvServer("turnrl_tests/NonJsonInfo-v0") as server, httpx.Client(base_url=server.url) as client:
         sid = client.post("/sessions").json()["session_id"]
         early = client.post(f"/sessions/{sid}/step", json={"action": "3"})  # before reset: the request's fault
-        assert early.status_code == 409 and early.json()["type"] == "ResetNeeded"
-        assert "reset first" in early.json()["error"]
+        assert early.status_code == 409 and early.json()["error"]["type"] == "ResetNeeded"
+        assert "reset first" in early.json()["error"]["message"]
         unjson = client.post(f"/sessions/{sid}/reset", json={"seed": 0})
-        assert unjson.status_code == 500 and "info['seen'] is a set" in unjson.json()["error"]
+        assert unjson.status_code == 500 and "info['seen'] is a set" in unjson.json()["error"]["message"]
         boom = client.post(f"/sessions/{sid}/step", json={"action": "boom"})
-        assert boom.status_code == 500 and boom.json() == {
-            "error": "the env raised ValueError during step: boom is not a guess",
-            "type": "ValueError", "message": "boom is not a guess"}
+        assert boom.status_code == 500 and boom.json() == {"error": {
+            "message": "the env raised ValueError during step: boom is not a guess", "type": "ValueError",
+            "code": 500, "param": None, "detail": "boom is not a guess"}}
         assert client.get("/info").status_code == 200
         remote = RemoteEnv(server.url)
         with pytest.raises(TypeError, match=r"info\['seen'\] is a set") as err:
@@ -281,7 +281,7 @@ def test_max_sessions_gives_503_until_one_is_deleted():
     with EnvServer(GUESS, max_sessions=2) as server, httpx.Client(base_url=server.url) as client:
         ids = [client.post("/sessions").json()["session_id"] for _ in range(2)]
         full = client.post("/sessions")
-        assert full.status_code == 503 and "max_sessions=2" in full.json()["error"]
+        assert full.status_code == 503 and "max_sessions=2" in full.json()["error"]["message"]
         assert client.delete(f"/sessions/{ids[0]}").json() == {"deleted": ids[0]}
         assert client.delete(f"/sessions/{ids[0]}").status_code == 404
         assert client.post("/sessions").status_code == 200
@@ -503,7 +503,7 @@ def test_env_server_without_the_token_answers_401_and_with_it_runs_an_episode(to
                              ("DELETE", "/sessions/abc"), ("GET", "/nowhere")):
             reply = httpx.request(method, url + path, headers=headers)
             assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", (method, path)
-            assert "missing or wrong token" in reply.json()["error"]
+            assert "missing or wrong token" in reply.json()["error"]["message"]
     assert server.num_sessions == 0  # nothing was opened for the refused requests
     monkeypatch.setenv("TURNRL_TEST_ENV_TOKEN", TOKEN)
     remote = RemoteEnv(url, GUESS, token_env="TURNRL_TEST_ENV_TOKEN")

@@ -40,8 +40,10 @@ def test_rollout_metrics_on_constructed_trajectories():
         traj([[6, 6, 6, 6]], [0.0], termination="context_length", length_truncated_turns=1),
     ]
     m = rollout_metrics(trajectories)
-    assert m["reward"] == pytest.approx((1.0 + 0.0 + 0.5 + 0.0) / 4)
-    assert m["success"] == pytest.approx(1 / 4)
+    # reward and success are the policy's: over the 3 episodes the model ended (not the env_error one)
+    assert m["reward"] == pytest.approx((1.0 + 0.0 + 0.0) / 3)
+    assert m["success"] == pytest.approx(1 / 3)
+    assert m["episodes"] == 4 and m["infra_failure_rate"] == pytest.approx(1 / 4)
     assert m["turns"] == pytest.approx(7 / 4)
     assert m["gen_tokens"] == pytest.approx((5 + 3 + 3 + 4) / 4)
     assert m["tool_calls"] == pytest.approx(4 / 4)
@@ -61,6 +63,16 @@ def test_rollout_metrics_without_turns_or_calls_do_not_divide_by_zero():
     assert m["turns"] == 0 and m["tool_parse_error_rate"] == 0 and m["tool_exec_error_rate"] == 0
     assert m["env_error_rate"] == 1.0 and m["unique_ngram_rate"] == 1.0
     assert rollout_metrics([])["reward"] == 0.0
+
+
+def test_success_leaves_out_what_the_infrastructure_ended_per_env_too():
+    ok, lost = traj([[1]], [1.0], success=True), traj([[2]], [0.0], termination="step_timeout")
+    ok.env_id = lost.env_id = "a"
+    m = rollout_metrics([ok, lost, traj([[3]], [0.0], termination="tool_error")])
+    assert m["success"] == 1.0 and m["reward"] == 1.0 and m["infra_failure_rate"] == pytest.approx(2 / 3)
+    assert m["success@a"] == 1.0 and m["episodes@a"] == 2.0
+    everything_failed = rollout_metrics([traj([[2]], [0.0], termination="env_error")])
+    assert everything_failed["success"] == 0.0 and everything_failed["infra_failure_rate"] == 1.0
 
 
 def test_trajectory_rejects_inconsistent_lengths():

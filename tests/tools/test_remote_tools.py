@@ -3,6 +3,7 @@ CLI) and the real ``RemoteExecutor`` talking to it over HTTP; token-guarded serv
 every interface (0.0.0.0) and are reached over 127.0.0.1. Failures are made by real server
 tools (one that sleeps, one that counts calls and refuses the first N), never by mocks."""
 
+import json
 import os
 import socket
 import subprocess
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from turnrl.tools import Tool, ToolCall, calculator, run_python, run_sync, tool
 from turnrl.tools.executors import EXECUTORS, get_executor
-from turnrl.http_json import TokenRefusedError
+from turnrl.serving import TokenRefusedError
 from turnrl.tools.executors.remote import RemoteExecutor, RemoteFunction, RemoteToolTokenError, remote_tools
 from turnrl.tools.serve import ToolServer, ToolUnavailable, load_tools
 
@@ -224,22 +227,121 @@ def test_concurrency_is_bounded_by_max_concurrency(server, gauge):
 
 
 def test_malformed_requests_get_a_4xx_saying_what_was_wrong(server):
+    example = '{"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}'
     with httpx.Client(base_url=server.url, trust_env=False) as http:
-        for body, status, words in [
-            (b"{not json", 400, "not valid UTF-8 JSON"),
-            (b"[1, 2]", 400, "must be a JSON object, got list"),
-            (b'{"arguments": {}}', 400, '"name" must be a non-empty string'),
-            (b'{"name": "calculator", "arguments": [1]}', 400, '"arguments" must be a JSON object'),
-            (b'{"name": "calculator", "session": 3}', 400, '"session" must be a string'),
-            (b'{"name": "calculator", "args": {}}', 400, "unknown keys ['args']"),
-            (b'{"name": "nope"}', 404, "unknown tool 'nope'"),
+        for body, status, kind, param, words in [
+            (b"{not json", 400, "invalid_request_error", None, "not valid UTF-8 JSON"),
+            (b"[1, 2]", 400, "invalid_request_error", None, "must be a JSON object, got array"),
+            (b'{"arguments": {}}', 400, "invalid_request_error", "name", "Field required"),
+            (b'{"name": ""}', 400, "invalid_request_error", "name", "at least 1 character"),
+            (b'{"name": "calculator", "arguments": [1]}', 400, "invalid_request_error", "arguments",
+             "should be a valid dictionary"),
+            (b'{"name": "calculator", "session": 3}', 400, "invalid_request_error", "session",
+             "should be a valid string"),
+            (b'{"name": "calculator", "args": {}}', 400, "invalid_request_error", "args",
+             "Extra inputs are not permitted"),
+            (b'{"name": "nope"}', 404, "unknown_tool", "name", "unknown tool 'nope'"),
         ]:
             r = http.post("/call", content=body)
-            assert r.status_code == status and words in r.json()["message"], (body, r.text)
-        assert http.post("/call", content=b'{"name": "nope"}').json()["tools"] == ["calculator", "hold"]
-        assert http.get("/nowhere").status_code == 404 and http.post("/nowhere", content=b"{}").status_code == 404
+            error = r.json()["error"]
+            assert (r.status_code, error["code"], error["type"], error["param"]) == (status, status, kind, param), (
+                body, r.text)
+            assert words in error["message"], (body, r.text)
+            if status == 400 and body != b"{not json":
+                assert error["message"].startswith("bad body for POST /call: ")
+                assert error["message"].endswith(f"; send e.g. {example}")  # the fix is shown
+        assert http.post("/call", content=b'{"name": "nope"}').json()["error"]["tools"] == ["calculator", "hold"]
+        for body, param in [(b"{}", "session"), (b'{"session": 1}', "session"), (b'{"session": "a", "x": 1}', "x"),
+                            (b'"a"', None)]:
+            r = http.post("/close_session", content=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+            assert "POST /close_session" in r.json()["error"]["message"]
+        assert http.post("/close_session", json={"session": "a"}).json() == {"closed": "a"}
+        for method, path in (("GET", "/nowhere"), ("POST", "/nowhere")):
+            error = http.request(method, path, content=b"{}").json()["error"]
+            assert (error["code"], error["type"]) == (404, "not_found_error")
+            assert "GET /tools, POST /call, POST /close_session" in error["message"]
         ok = http.post("/call", json={"name": "calculator", "arguments": {"expression": "2**10"}, "session": "x"})
         assert ok.json() == {"content": "1024", "error": None}  # the connection is still usable
+
+
+def test_a_404_that_is_not_an_unknown_tool_is_the_setups_failure_not_the_models(server):
+    """An executor whose URL has a wrong path prefix reaches the server, which has no such
+    endpoint: that is a wrong setup (``"unavailable"``, saying the URL may be wrong), never the
+    model's unknown tool; and a 404 is not retried."""
+    url = f"{server.url}/v1"
+    calc = Tool("calculator", "Calculate.", calculator.parameters, RemoteFunction("calculator", url), executor="remote")
+    ex = RemoteExecutor(url, retries=3, backoff_s=0.01)
+    try:
+        r = call(ex, calc, {"expression": "1+2"})
+    finally:
+        ex.close()
+    assert r.error == "unavailable", r
+    assert r.content.startswith("Error: tool 'calculator' is unavailable: ")
+    assert f"the server at {url} answered POST /call with HTTP 404" in r.content
+    assert "no endpoint '/v1/call'" in r.content and "the URL may be wrong" in r.content
+    assert server.status_counts[404] == 1  # one try: a 4xx is final
+    ghost = Tool("ghost", "No such tool.", {"type": "object", "properties": {}}, RemoteFunction("ghost", server.url))
+    ex = RemoteExecutor(server.url)
+    try:  # the right URL and a tool the server lacks: the model's mistake
+        r = call(ex, ghost, {})
+    finally:
+        ex.close()
+    assert (r.error, r.content) == ("unknown_tool", "Error: unknown tool 'ghost'. Available tools: calculator, hold.")
+
+
+@tool
+def echo(text: str) -> str:
+    """Say the text back.
+
+    Args:
+        text: What to say.
+    """
+    return text
+
+
+@pytest.fixture
+def quick_server():
+    """Tools that return at once whatever their arguments (the fuzzed calls run)."""
+    with ToolServer([calculator, echo]) as s:
+        yield s
+
+
+CALL_KEYS = ["name", "arguments", "session", "expression", "text", "args"]
+scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63, max_value=2**80) | st.floats()
+           | st.text(max_size=20) | st.sampled_from(["calculator", "echo", "", "1+2", "2**10", "-0.5", "nope"]))
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.sampled_from(CALL_KEYS) | st.text(max_size=8), inner, max_size=4),
+                           max_leaves=12)
+shaped = st.one_of(  # bodies shaped like each endpoint's, with any values
+    st.fixed_dictionaries({"name": st.sampled_from(["calculator", "echo", "nope"]) | json_values},
+                          optional={"arguments": st.dictionaries(st.sampled_from(["expression", "text", "x"]),
+                                                                 scalars | json_values, max_size=2) | json_values,
+                                    "session": st.text(max_size=12) | json_values}),
+    st.fixed_dictionaries({"session": st.text(max_size=12) | json_values}))
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/call", "/close_session"]),
+       body=shaped.map(lambda v: json.dumps(v).encode()) | json_values.map(lambda v: json.dumps(v).encode())
+       | st.binary(max_size=40))
+def test_fuzz_call_and_close_session_bodies_never_get_a_5xx(quick_server, path, body):
+    """Random JSON values (and bytes) as the bodies of ``POST /call`` and ``POST /close_session``:
+    a 200 result or a 4xx in the error format, never a 5xx, and the server serves on."""
+    server = quick_server
+    with httpx.Client(base_url=server.url, trust_env=False) as http:
+        r = http.post(path, content=body)
+        assert r.status_code in (200, 400, 404), (path, body, r.status_code, r.text)
+        reply = r.json()
+        if r.status_code == 200:
+            assert (set(reply) == {"content", "error"} if path == "/call" else set(reply) == {"closed"}), reply
+        else:
+            error = reply["error"]
+            assert error["code"] == r.status_code and isinstance(error["message"], str) and error["message"]
+            assert error["type"] == ("unknown_tool" if r.status_code == 404 else "invalid_request_error"), reply
+        assert http.get("/health").json() == {"status": "ok"}
+    assert server.status_counts[500] == 0 and server.status_counts[503] == 0
 
 
 def test_bad_urls_and_missing_servers_are_clear_errors():
@@ -343,14 +445,15 @@ def token_server(gauge):
 
 
 @pytest.mark.slow
-def test_tool_server_without_the_token_answers_401_in_its_protocol(token_server):
+def test_tool_server_without_the_token_answers_401_in_the_error_format(token_server):
     server, url = token_server
     body = {"name": "calculator", "arguments": {"expression": "1+2"}, "session": "s"}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
         for method, path in (("GET", "/tools"), ("POST", "/call"), ("POST", "/close_session")):
             reply = httpx.request(method, url + path, headers=headers, json=body)
             assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", (method, path)
-            assert reply.json()["error"] == "unauthorized" and "Bearer <token>" in reply.json()["message"]
+            error = reply.json()["error"]
+            assert (error["code"], error["type"]) == (401, "authentication_error") and "Bearer <token>" in error["message"]
     ok = httpx.post(url + "/call", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.json() == {"content": "3", "error": None}
     assert server.status_counts[401] == 9

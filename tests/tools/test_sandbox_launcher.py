@@ -63,3 +63,17 @@ def test_a_tree_deeper_than_the_recursion_limit_is_kept(sandbox, session):
     assert r.content == "Exit code: 0\nstdout:\ndeep kept"
     r = sh(sandbox, "rm -r d && ls -d */ 2>/dev/null; cat kept.txt", session)  # (python 3.11's shutil.rmtree recurses too deep for it)
     assert r.content == "Exit code: 0\nstdout:\nkept"
+
+
+def test_a_program_that_kills_itself_at_once_is_told_the_signal_not_a_cpu_limit(sandbox, session):
+    """A SIGKILL the executor did not send is the hard CPU limit only when the run lasted long
+    enough to use ``cpu_s`` of CPU; a program that SIGKILLs itself at once hears the signal."""
+    for r in (py(sandbox, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", session),
+              sh(sandbox, "echo before; kill -9 $$", session)):
+        assert "more than 2 s of CPU time" not in r.content, r.content
+        assert "killed by signal SIGKILL" in r.content, r.content
+
+
+def test_a_cpu_burn_is_still_reported_as_the_cpu_limit(sandbox, session):
+    r = py(sandbox, "while True:\n    pass", session)
+    assert "more than 2 s of CPU time (limit cpu_s=2)" in r.content, r.content

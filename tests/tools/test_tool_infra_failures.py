@@ -176,7 +176,27 @@ def test_a_tool_raising_unavailable_on_a_server_is_retried_then_unavailable():
         r = run_sync(ex.arun(remote_tools(server.url)[0], ToolCall("flaky", {"x": 1}), "s"))
         ex.close()
         assert server.status_counts[503] == 3 and len(tries) == 3
+        reply = httpx.post(f"{server.url}/call", json={"name": "flaky", "arguments": {"x": 2}}, trust_env=False)
+        assert reply.status_code == 503 and reply.json() == {"error": {
+            "message": "Error: tool 'flaky' is unavailable: ConnectionResetError: the backend hung up",
+            "type": "unavailable", "code": 503, "param": None}}
     assert r.error == "unavailable" and "ConnectionResetError: the backend hung up" in r.content
+
+
+def test_a_tool_server_at_a_wrong_url_ends_the_step_it_is_not_the_models_unknown_tool():
+    """The env's tool URL names a path the server has no endpoint under: its 404 is no unknown
+    tool the model could fix but the setup's failure, so ``step`` raises."""
+    with ToolServer([double]) as server:
+        remote = remote_tools(server.url)[0]
+        url = f"{server.url}/tools"  # the list's URL where the root was meant
+        env = Lookup(executor_options={"remote": {"url": url, "retries": 0}})
+        env.tools = (remote,)
+        env.reset(seed=0)
+        with pytest.raises(ToolUnavailableError, match=r"answered POST /call with HTTP 404 \(no endpoint "
+                                                       r"'/tools/call'.*the URL may be wrong") as raised:
+            env.step(turn(ToolCall("double", {"x": 21})))
+        assert raised.value.tool == "double" and server.status_counts[404] == 1
+    env.close()
 
 
 def test_a_sandbox_backstop_below_the_programs_wall_time_is_refused():

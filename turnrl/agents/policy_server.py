@@ -2,11 +2,14 @@
 ``TransformersPolicy``, and ``spawn_policy_server`` to run one in a subprocess.
 
 Run it as ``python -m turnrl serve-policy --path CHECKPOINT --port 8001`` and point
-``OpenAIPolicy`` (or anything that speaks the OpenAI API) at it. Built on the standard
-library's ``ThreadingHTTPServer`` like ``turnrl.envs.server``: each connection gets a thread;
-each request's rows (its prompts, ``n`` times each) go into one queue, and a batching thread
-gathers what arrives within ``batch_window_s`` into ``TransformersPolicy.generate`` calls of
-at most ``max_batch`` rows with equal sampling parameters.
+``OpenAIPolicy`` (or anything that speaks the OpenAI API) at it. It is a FastAPI app under
+uvicorn, like the env and tool servers (``turnrl.serving``). Each request runs on a thread of
+a pool of ``max(1024, 4 x max_batch)`` threads (a request beyond that waits for one), where it
+is checked, queued and waits for its rows; each request's rows (its prompts, ``n`` times each)
+go into one queue, and a batching thread gathers what arrives within ``batch_window_s`` into
+``TransformersPolicy.generate`` calls of at most ``max_batch`` rows with equal sampling
+parameters. So concurrent requests (one prompt from each of many clients, as ``OpenAIPolicy``
+sends them) share generate calls.
 
 The batcher is fair between requests: each call takes rows round robin from every waiting
 request with the call's parameters (one row of each in turn), and the requests take turns to
@@ -17,6 +20,12 @@ its own order, ``max_batch`` rows a call.
 
 Sampling uses one generator seeded with ``seed``; the draws a request gets depend on what it
 was batched with, so results are reproducible for a fixed sequence of one-at-a-time requests.
+
+Request bodies are read into pydantic models with OpenAI's field names (``CompletionRequest``,
+``ChatCompletionRequest``, ``CollectiveRPCRequest``): types are strict (an integer field takes
+no ``2.0``, ``true`` or ``"2"``, a number field no ``true`` or ``"0.7"``, a flag only true or
+false), a field sent as ``null`` counts as absent (it takes its default), and fields the server
+does not know are ignored, as vLLM does.
 
 Limits (each a constructor argument and a ``serve-policy`` flag; a request over one gets 400
 saying the limit and what to send instead):
@@ -37,11 +46,11 @@ Endpoints (JSON in, JSON out):
 
 * ``GET /v1/models`` -> ``{"object": "list", "data": [{"id": NAME, "object": "model",
   "owned_by": "turnrl", "max_model_len": N}]}``.
-* ``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of either
-  (a batch). Honoured: ``model``, ``max_tokens`` (default 16, or ``max_tokens_limit`` when
-  lower), ``temperature`` (default 1; 0 means greedy, whose logprobs are at temperature 1),
-  ``n``, ``add_special_tokens`` (text prompts; default true, as in vLLM), ``logprobs`` (null, 0
-  or 1: the sampled token's logprob; ``top_logprobs`` holds only the sampled token),
+* ``POST /v1/completions``: ``prompt`` (required) is a string, a list of token ids, or a list
+  of either (a batch). Honoured: ``model``, ``max_tokens`` (default 16, or ``max_tokens_limit``
+  when lower), ``temperature`` (default 1; 0 means greedy, whose logprobs are at temperature 1),
+  ``n``, ``add_special_tokens`` (text prompts; default true, as in vLLM), ``logprobs`` (0 or 1:
+  the sampled token's logprob; ``top_logprobs`` holds only the sampled token),
   ``stop_token_ids`` (only the end-of-turn id, which always stops; ``ignore_eos`` only with
   it, where it changes nothing), ``skip_special_tokens``
   (text only), and vLLM's ``return_tokens_as_token_ids`` (``tokens`` are ``"token_id:N"``)
@@ -53,10 +62,11 @@ Endpoints (JSON in, JSON out):
   when it was sampled (the text never holds it). Unlike vLLM's, ``top_logprobs`` holds only the
   sampled token (vLLM adds the ``logprobs`` most likely ones). Choices of a batch are ordered
   prompt by prompt, ``n`` per prompt.
-* ``POST /v1/chat/completions``: ``messages`` rendered with the tokenizer's chat template
-  (generation prompt added); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
-  ``n``. Replies with text only: ``{"choices": [{"index", "message": {"role": "assistant",
-  "content"}, "finish_reason", "logprobs": null}], "usage"}``.
+* ``POST /v1/chat/completions``: ``messages`` (``{"role": str, "content": str}`` each; other
+  keys of a message are ignored) rendered with the tokenizer's chat template (generation prompt
+  added); ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``n``. Replies with
+  text only: ``{"choices": [{"index", "message": {"role": "assistant", "content"},
+  "finish_reason", "logprobs": null}], "usage"}``.
 * ``GET /health`` -> ``{"status": "ok"}``; ``GET /stats`` -> request, batch and token counts.
 * Weight pushes, as vLLM's dev-mode endpoints (``OpenAIPolicy.load_weights_from_path``):
   ``POST /collective_rpc`` with ``{"method": "reload_weights", "kwargs": {"weights_path":
@@ -69,22 +79,22 @@ Endpoints (JSON in, JSON out):
 With an API key (a bearer token: ``serve-policy`` reads it from the variable ``--token-env``
 or its alias ``--api-key-env`` names, default ``TURNRL_SERVER_TOKEN``; required when bound to
 an address other than loopback), every endpoint but ``GET /health`` needs ``Authorization:
-Bearer <key>`` (``turnrl.http_json`` checks it); point ``OpenAIPolicy(api_key_env=VAR)`` at
-the same variable.
+Bearer <key>``; point ``OpenAIPolicy(api_key_env=VAR)`` at the same variable.
 
 Sampling knobs the server cannot honour are refused, never ignored: ``top_p`` other than 1,
 ``top_k`` other than -1/0, ``min_p``/penalties away from neutral, ``stop`` strings, ``seed``,
-``echo``, ``stream``, ``logprobs`` > 1, ``suffix``, tools. Other unknown fields
-are ignored (as vLLM does). Errors are OpenAI-style ``{"error": {"message", "type", "param",
-"code"}}``: 400 a bad body (the message says which field and how to fix it, or which limit a
-request is over and how to split it), 401 a missing or wrong API key (when the server has one),
-404 an unknown path or model, 405 a wrong method, 413 a body over ``MAX_BODY_BYTES``, 500 a
-failure while generating (the server keeps running). Malformed input of any kind is a 4xx,
-never a 5xx.
+``echo``, ``stream``, ``logprobs`` > 1, ``suffix``, tools. Errors are OpenAI-style
+``{"error": {"message", "type", "code", "param"}}``, ``param`` naming the field at fault (a
+path where it is nested: ``messages[0].content``, ``stop_token_ids[1]``): 400 a bad body (the
+message says which field and how to fix it, or which limit a request is over and how to split
+it), 401 a missing or wrong API key (when the server has one), 404 an unknown path or model,
+405 a wrong method, 411 a chunked body, 413 a body over ``MAX_BODY_BYTES``, 500 a failure
+while generating (the server keeps running). Malformed input of any kind is a 4xx, never a 5xx.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -97,16 +107,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WrapValidator, field_validator, \
+    model_validator
+from pydantic_core import PydanticCustomError
 
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.sampling import Generation, SamplingParams
-from turnrl.http_json import HTTPError, JSONHandler, JSONServer, parse_json
+from turnrl.serving import APIError, HTTPService, JSONReply, service_app
 
-__all__ = ["DEFAULT_MAX_N", "DEFAULT_MAX_REQUEST_ROWS", "DEFAULT_MAX_REQUEST_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT",
-           "MAX_BODY_BYTES", "MAX_TEMPERATURE", "MIN_TEMPERATURE", "PolicyServer", "SpawnedPolicyServer",
-           "spawn_policy_server"]
+__all__ = ["ChatCompletionRequest", "CollectiveRPCRequest", "CompletionRequest", "DEFAULT_MAX_N",
+           "DEFAULT_MAX_REQUEST_ROWS", "DEFAULT_MAX_REQUEST_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "MAX_BODY_BYTES",
+           "MAX_TEMPERATURE", "MIN_TEMPERATURE", "PolicyServer", "SpawnedPolicyServer", "spawn_policy_server"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +134,9 @@ DEFAULT_MAX_REQUEST_ROWS = 1024
 """Default most rows (prompts x ``n``) of one request (``--max-request-rows``)."""
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 20
 """Default most tokens one request may ask to generate, rows x ``max_tokens`` (``--max-request-tokens``)."""
+_MIN_THREADS = 1024
+"""Threads that serve requests at once, at least (``max(_MIN_THREADS, 4 x max_batch)``): a request
+holds one while it waits for its rows, so this bounds the requests that can share a generate call."""
 
 # The temperatures a request may ask for besides 0 (greedy), and why.
 #
@@ -151,19 +168,171 @@ _ENDPOINTS = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, 
 _SERVING_LINE = re.compile(r"serving policy at (http://\S+)")
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error"}
-"""OpenAI error ``type`` by status (any other: ``"server_error"``)."""
-
-
-def _bad(message: str, param: str | None = None) -> HTTPError:
-    return HTTPError(HTTPStatus.BAD_REQUEST, message, param=param)
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
 
 
 def _show(value: Any) -> str:
     """``repr(value)``, cut to ``_SHOWN`` characters (a refused value may be megabytes)."""
     text = repr(value)
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+# ------------------------------------------------------------ request bodies
+# What a body must be, on its own; what depends on the server (the model's name, the --max-*
+# limits, the vocabulary, the context, the end-of-turn ids, tokenizing) is checked by the routes.
+# A refusal here is a 400 whose message names the field and quotes the value after MESSAGE, and whose
+# param is the field's path (turnrl.serving.app).
+
+def _must(message: str, ok: Callable[[Any], bool] = lambda value: True) -> WrapValidator:
+    """A field's check: its type (pydantic's), then ``ok``; either failing is one error, ``message``."""
+    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            value = handler(value)
+        except ValidationError:
+            raise PydanticCustomError("invalid_value", message) from None
+        if not ok(value):
+            raise PydanticCustomError("invalid_value", message)
+        return value
+
+    return WrapValidator(check)
+
+
+_Ids = Annotated[list[int], Field(min_length=1)]
+_Prompt = Annotated[str | _Ids | Annotated[list[str], Field(min_length=1)] | Annotated[list[_Ids], Field(min_length=1)],
+                    _must("must be a string, a non-empty list of token ids, or a non-empty list of either (a batch)")]
+_Temperature = Annotated[float, _must(
+    f"must be a number >= 0, either 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] (below "
+    f"{MIN_TEMPERATURE:g} sampling is greedy but for float32 rounding: send 0)",
+    lambda t: t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE)]
+_Logprobs = Annotated[int, _must("must be an integer in [0, 1] (the server returns the sampled token's logprob only)",
+                                 lambda k: k in (0, 1))]
+
+# Sampling options the server cannot honour: name -> (the values that are fine, why the others are refused)
+_NEUTRAL: dict[str, tuple[tuple, str]] = {
+    "top_p": ((1,), "nucleus sampling is not implemented, the full distribution is sampled"),
+    "top_k": ((-1, 0), "top-k sampling is not implemented, the full distribution is sampled"),
+    "min_p": ((0,), "min-p sampling is not implemented"),
+    "presence_penalty": ((0,), "penalties are not implemented"),
+    "frequency_penalty": ((0,), "penalties are not implemented"),
+    "repetition_penalty": ((1,), "penalties are not implemented"),
+    "seed": ((), "per-request seeds are not supported, the server samples from one generator seeded at start "
+                 "(--seed)"),
+    "echo": ((False,), "echo is not supported"),
+    "stream": ((False,), "streaming is not supported"),
+    "suffix": (("",), "suffix is not supported"),
+    "best_of": ((1,), "best_of is not supported"),
+    "logit_bias": (({},), "logit_bias is not supported"),
+    "tools": (([],), "tools are not rendered by this server (put tool schemas in the messages)"),
+    "response_format": ((), "structured output is not supported"),
+    "stop": (("", []), "stop strings are not supported (generation stops at the end-of-turn id)"),
+}
+_NOT_CHAT = ("logprobs are not served on /v1/chat/completions (use /v1/completions with token-id prompts for "
+             "token-exact ids and logprobs)")
+_NEUTRAL_CHAT: dict[str, tuple[tuple, str]] = {"logprobs": ((False,), _NOT_CHAT), "top_logprobs": ((), _NOT_CHAT)}
+
+
+def _neutral(table: dict[str, tuple[tuple, str]], name: str, value: Any) -> Any:
+    """``value`` of the refused option ``name`` when it is neutral (as good as absent); else a refusal."""
+    fine, why = table[name]
+    if value in fine and isinstance(value, bool) == any(isinstance(f, bool) for f in fine):
+        return value
+    send = " or ".join(json.dumps(f) for f in fine)
+    raise PydanticCustomError("unsupported", f"{why}: {'send ' + send + ' or ' if fine else ''}leave it out")
+
+
+class _Body(BaseModel):
+    """What every request body shares: strict types, ``null`` as absent, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class _SamplingBody(_Body):
+    """The fields both generation endpoints read."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    n: int = 1
+    temperature: _Temperature = 1.0
+    # refused unless neutral (_NEUTRAL): declared so that a value the server would not honour is never ignored
+    top_p: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    seed: Any = None
+    echo: Any = None
+    stream: Any = None
+    suffix: Any = None
+    best_of: Any = None
+    logit_bias: Any = None
+    tools: Any = None
+    response_format: Any = None
+    stop: Any = None
+
+    @field_validator(*_NEUTRAL)
+    @classmethod
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        return _neutral(_NEUTRAL, info.field_name, value)
+
+
+class CompletionRequest(_SamplingBody):
+    """The body of ``POST /v1/completions`` (see the module docstring)."""
+
+    prompt: _Prompt
+    logprobs: _Logprobs | None = None
+    add_special_tokens: bool = True
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+
+    def prompts(self) -> list[str | list[int]]:
+        """``prompt`` as a batch: a list of prompts, each a string or a list of token ids."""
+        one = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if one else list(self.prompt)  # type: ignore[list-item]
+
+
+class ChatMessage(_Body):
+    """One message of ``ChatCompletionRequest.messages``; its other keys are ignored."""
+
+    role: str
+    content: str
+
+
+class ChatCompletionRequest(_SamplingBody):
+    """The body of ``POST /v1/chat/completions`` (see the module docstring)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = None
+    logprobs: Any = None  # refused unless false
+    top_logprobs: Any = None  # refused
+
+    @field_validator(*_NEUTRAL_CHAT)
+    @classmethod
+    def _no_logprobs(cls, value: Any, info: ValidationInfo) -> Any:
+        return _neutral(_NEUTRAL_CHAT, info.field_name, value)
+
+
+class ReloadWeightsKwargs(_Body):
+    """``CollectiveRPCRequest.kwargs``: the folder of ``*.safetensors`` to load."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    weights_path: Annotated[str, _must("must be a non-empty path to a folder of *.safetensors files", bool)]
+
+
+class CollectiveRPCRequest(_Body):
+    """The body of ``POST /collective_rpc``: vLLM's, of which only ``reload_weights`` is served."""
+
+    method: Literal["reload_weights"]
+    kwargs: ReloadWeightsKwargs
 
 
 class _Request:
@@ -189,7 +358,7 @@ class _Request:
         self.done.set()
 
 
-class PolicyServer(JSONServer):
+class PolicyServer(HTTPService):
     """Serve ``model`` over an OpenAI-compatible HTTP API (see the module docstring).
 
     Use as a context manager, or ``start()`` then ``stop()``.
@@ -232,7 +401,8 @@ class PolicyServer(JSONServer):
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.model, self.tokenizer = model, tokenizer
         self.policy = TransformersPolicy(model, tokenizer, seed=seed)
-        super().__init__(host, port, _Handler, "policy-server", token=api_key or None)
+        super().__init__(host, port, "policy-server", token=api_key or None,
+                         max_threads=max(_MIN_THREADS, 4 * max_batch))
         self.model_name = model_name
         self.max_batch, self.batch_window_s = max_batch, float(batch_window_s)
         self.max_tokens_limit, self.max_n = max_tokens_limit, max_n
@@ -254,6 +424,39 @@ class PolicyServer(JSONServer):
 
     def _on_stop(self) -> None:
         self._queue.put(None)  # ends the batcher; rows still queued fail with 500
+
+    # --------------------------------------------------------------- serving
+    def build_app(self) -> FastAPI:
+        """The endpoints (see the module docstring) on ``turnrl.serving``'s app, which adds ``GET
+        /health``, the API key check and the refusals of malformed requests."""
+        app = service_app(title="policy server", token=self._token, max_body_bytes=MAX_BODY_BYTES,
+                          endpoints=_ENDPOINTS, logger=log)
+
+        @app.get("/v1/models")
+        def models() -> JSONReply:
+            return JSONReply(self.models())
+
+        @app.get("/stats")
+        def stats() -> JSONReply:
+            return JSONReply(self.stats())
+
+        @app.post("/v1/completions")
+        def completions(body: CompletionRequest) -> JSONReply:
+            return JSONReply(self.completions(body))
+
+        @app.post("/v1/chat/completions")
+        def chat_completions(body: ChatCompletionRequest) -> JSONReply:
+            return JSONReply(self.chat_completions(body))
+
+        @app.post("/collective_rpc")
+        def collective_rpc(body: CollectiveRPCRequest) -> JSONReply:
+            return JSONReply(self.collective_rpc(body))
+
+        @app.post("/reset_prefix_cache")
+        def reset_prefix_cache() -> JSONReply:
+            return JSONReply({"success": True})  # this server caches no KV
+
+        return app
 
     def stats(self) -> dict:
         """Counts so far: requests, rows sampled, generate batches, generated tokens, rows in flight."""
@@ -278,8 +481,7 @@ class PolicyServer(JSONServer):
             with self._lock:
                 self._stats["in_flight"] -= len(prompts)
         if request.error is not None:
-            raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR,
-                            f"generation failed: {type(request.error).__name__}: {request.error}")
+            raise APIError(500, f"generation failed: {type(request.error).__name__}: {request.error}")
         return request.results  # type: ignore[return-value]
 
     def _batch_loop(self) -> None:
@@ -371,70 +573,55 @@ class PolicyServer(JSONServer):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "turnrl", "max_model_len": self.max_model_len}]}
 
-    def completions(self, body: dict) -> dict:
+    def completions(self, request: CompletionRequest) -> dict:
         """``POST /v1/completions`` (see the module docstring)."""
-        self._check_model(body)
-        _refuse_unsupported(body)
-        raw_prompts = _prompt_batch(body.get("prompt"))
-        special = _flag(body, "add_special_tokens", default=True)
-        params, n = self._sampling(body, "max_tokens")
-        logprobs = _optional_int(body, "logprobs", 0, 1, "the server returns the sampled token's logprob only")
-        stop_ids = body.get("stop_token_ids")
+        self._check_model(request.model)
+        params, n = self._sampling(request, "max_tokens")
+        stop_ids = request.stop_token_ids
         if stop_ids is not None:
             ends = tuple(getattr(self.policy, "stop_ids", (self.policy.eos_id,)))
-            if not isinstance(stop_ids, list) or any(not _is_int(i) or i not in ends for i in stop_ids):
+            if any(i not in ends for i in stop_ids):
                 raise _bad(f"stop_token_ids may only hold end-of-turn ids {list(ends)} (which always stop), got "
                            f"{_show(stop_ids)}", "stop_token_ids")
-        ignore_eos = _flag(body, "ignore_eos")
+        ignore_eos = request.ignore_eos
         if ignore_eos and not stop_ids:  # with stop_token_ids=[eos] it changes nothing
             raise _bad("ignore_eos=true is only supported together with stop_token_ids=[end-of-turn id]: "
                        "generation always stops at the end-of-turn id", "ignore_eos")
-        as_ids = _flag(body, "return_tokens_as_token_ids")
-        with_ids = _flag(body, "return_token_ids")
-        skip_special = _flag(body, "skip_special_tokens", default=True)
+        raw_prompts = request.prompts()
         self._check_budget(len(raw_prompts), n, params, "prompts")
-        prompts = self._prompts(raw_prompts, special)
+        prompts = self._prompts(raw_prompts, request.add_special_tokens)
         self._check_lengths(prompts, params)
         generations = self.sample([p for p in prompts for _ in range(n)], params)
         choices = []
+        skip_special, as_ids = request.skip_special_tokens, request.return_tokens_as_token_ids
         for index, gen in enumerate(generations):
             prompt = prompts[index // n]
-            body_ids = self._body(gen)
             choice: dict[str, Any] = {
-                "index": index, "text": self.tokenizer.decode(body_ids, skip_special_tokens=skip_special),
-                "logprobs": None if logprobs is None else self._logprobs(gen, as_ids),
+                "index": index, "text": self.tokenizer.decode(self._body(gen), skip_special_tokens=skip_special),
+                "logprobs": None if request.logprobs is None else self._logprobs(gen, as_ids),
                 "finish_reason": gen.finish_reason,
                 # vLLM names the stop token that ended the turn, unless it stopped at the model's own eos
                 "stop_reason": gen.token_ids[-1] if gen.finish_reason == "stop" and ignore_eos else None,
             }
-            if with_ids:
+            if request.return_token_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = list(gen.token_ids), list(prompt)
             choices.append(choice)
         return self._reply("cmpl", "text_completion", choices, prompts, n, generations)
 
-    def chat_completions(self, body: dict) -> dict:
+    def chat_completions(self, request: ChatCompletionRequest) -> dict:
         """``POST /v1/chat/completions`` (text only; see the module docstring)."""
-        self._check_model(body)
-        _refuse_unsupported(body)
-        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-            raise _bad("logprobs are not served on /v1/chat/completions; use /v1/completions with token-id "
-                       "prompts for token-exact ids and logprobs", "logprobs")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' must be a non-empty list of {\"role\": str, \"content\": str}", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise _bad(f"messages[{i}] must be {{\"role\": str, \"content\": str}}, got {_show(m)}", "messages")
-            _check_text(m["role"], f"messages[{i}].role", "messages")
-            _check_text(m["content"], f"messages[{i}].content", "messages")
-        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        params, n = self._sampling(body, key)
+        self._check_model(request.model)
+        for i, m in enumerate(request.messages):
+            _check_text(m.role, f"messages[{i}].role", "messages")
+            _check_text(m.content, f"messages[{i}].content", "messages")
+        key = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        params, n = self._sampling(request, key)
         self._check_budget(1, n, params, "conversations")
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise _bad("the served tokenizer has no chat template; use /v1/completions", "messages")
         try:
-            text = self.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                                      tokenize=False, add_generation_prompt=True)
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # the template rejected the conversation (e.g. a role it does not know)
             raise _bad(f"the chat template cannot render these messages: {type(e).__name__}: {e}", "messages") from e
         prompt = self._encode(text, where="the rendered messages", param="messages")
@@ -445,17 +632,9 @@ class PolicyServer(JSONServer):
                     "finish_reason": g.finish_reason, "logprobs": None} for i, g in enumerate(generations)]
         return self._reply("chatcmpl", "chat.completion", choices, [prompt], n, generations)
 
-    def collective_rpc(self, body: dict) -> dict:
+    def collective_rpc(self, request: CollectiveRPCRequest) -> dict:
         """``POST /collective_rpc``: only ``reload_weights`` (see the module docstring)."""
-        method, kwargs = body.get("method"), body.get("kwargs") or {}
-        if method != "reload_weights":
-            raise _bad(f"method {_show(method)} is not served; this server runs only \"reload_weights\" (with kwargs "
-                       "{\"weights_path\": FOLDER})", "method")
-        if not isinstance(kwargs, dict) or set(kwargs) != {"weights_path"} or \
-                not isinstance(kwargs["weights_path"], str) or not kwargs["weights_path"]:
-            raise _bad(f"reload_weights takes kwargs {{\"weights_path\": FOLDER}} (a folder of *.safetensors), got "
-                       f"{_show(kwargs)}", "kwargs")
-        self.reload_weights(kwargs["weights_path"])
+        self.reload_weights(request.kwargs.weights_path)
         return {"results": [None]}
 
     def reload_weights(self, path: str) -> None:
@@ -465,7 +644,7 @@ class PolicyServer(JSONServer):
         between two generate batches.
 
         Raises:
-            HTTPError: 400 when the folder has no safetensors, cannot be read, or its tensors do
+            APIError: 400 when the folder has no safetensors, cannot be read, or its tensors do
                 not fit the model or hold NaN or inf.
         """
         import torch
@@ -530,17 +709,13 @@ class PolicyServer(JSONServer):
         return {"tokens": tokens, "token_logprobs": list(gen.logprobs),
                 "top_logprobs": [{t: lp} for t, lp in zip(tokens, gen.logprobs)], "text_offset": offsets}
 
-    def _check_model(self, body: dict) -> None:
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise _bad(f"'model' must be a string (the name GET /v1/models lists, {self.model_name!r}), got "
-                       f"{_show(model)}", "model")
+    def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise HTTPError(HTTPStatus.NOT_FOUND, f"the model {_show(model)} is not served here; this server serves "
-                                                  f"{self.model_name!r} (GET /v1/models)", param="model")
+            raise APIError(404, f"the model {_show(model)} is not served here; this server serves "
+                                f"{self.model_name!r} (GET /v1/models)", param="model")
 
     def _prompts(self, prompts: list[str | list[int]], special: bool) -> list[list[int]]:
-        """Each prompt of ``_prompt_batch`` as token ids (text encoded, ids checked)."""
+        """Each prompt of ``CompletionRequest.prompts()`` as token ids (text encoded, ids checked)."""
         where = (lambda i: "prompt") if len(prompts) == 1 else (lambda i: f"prompt[{i}]")
         return [self._encode(p, special, where(i)) if isinstance(p, str) else self._check_ids(p, where(i))
                 for i, p in enumerate(prompts)]
@@ -563,23 +738,17 @@ class PolicyServer(JSONServer):
                        "prompt")
         return [int(t) for t in ids]
 
-    def _sampling(self, body: dict, max_key: str) -> tuple[SamplingParams, int]:
-        max_tokens = _optional_int(body, max_key, 1, self.max_tokens_limit, "the upper bound is this server's "
-                                   "--max-tokens-limit")
-        n = _optional_int(body, "n", 1, self.max_n, "the upper bound is this server's --max-n; send further "
-                          "requests for more samples")
-        temperature = body.get("temperature")
-        if temperature is None:
-            temperature = 1.0
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not (
-                temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
-            raise _bad(f"'temperature' must be a number >= 0, either 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
-                       f"{MAX_TEMPERATURE:g}], got {_show(temperature)} (below {MIN_TEMPERATURE:g} sampling is greedy "
-                       "but for float32 rounding: send 0)", "temperature")
-        greedy = temperature == 0
+    def _sampling(self, request: _SamplingBody, max_key: str) -> tuple[SamplingParams, int]:
+        """The request's sampling parameters and ``n``, within this server's limits (``max_key``:
+        the field that holds ``max_tokens``)."""
+        max_tokens = getattr(request, max_key)
+        _check_limit(max_tokens, max_key, self.max_tokens_limit, "the upper bound is this server's --max-tokens-limit")
+        _check_limit(request.n, "n", self.max_n, "the upper bound is this server's --max-n; send further requests "
+                                                 "for more samples")
+        greedy = request.temperature == 0
         params = SamplingParams(max_new_tokens=min(16, self.max_tokens_limit) if max_tokens is None else max_tokens,
-                                temperature=1.0 if greedy else float(temperature), greedy=greedy)
-        return params, 1 if n is None else n
+                                temperature=1.0 if greedy else request.temperature, greedy=greedy)
+        return params, request.n
 
     def _check_budget(self, count: int, n: int, params: SamplingParams, what: str) -> None:
         """Refuse a request of ``count`` prompts (``what``: their plural) x ``n`` rows over the
@@ -628,21 +797,6 @@ def _vocab_size(model, tokenizer) -> int:
     return size
 
 
-def _prompt_batch(prompt: Any) -> list[str | list[int]]:
-    """``prompt`` as a list of prompts, each a string or a list of token ids (checked for shape only)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(_is_int(t) for t in prompt):
-            return [prompt]
-        if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
-            return list(prompt)
-    raise _bad("'prompt' must be a string, a non-empty list of token ids, or a non-empty list of either "
-               f"(a batch); got {_show(prompt)}", "prompt")
-
-
 def _check_text(text: str, where: str, param: str) -> None:
     """Refuse text without a UTF-8 encoding (JSON's ``\\ud800`` escapes decode to lone surrogates)."""
     try:
@@ -652,102 +806,10 @@ def _check_text(text: str, where: str, param: str) -> None:
                    "that no text can hold; send valid Unicode", param) from None
 
 
-# Refused request fields: name -> (value(s) that are fine, why the others are refused)
-_NEUTRAL: dict[str, tuple[tuple, str]] = {
-    "top_p": ((None, 1, 1.0), "nucleus sampling is not implemented; the full distribution is sampled"),
-    "top_k": ((None, -1, 0), "top-k sampling is not implemented; the full distribution is sampled"),
-    "min_p": ((None, 0, 0.0), "min-p sampling is not implemented"),
-    "presence_penalty": ((None, 0, 0.0), "penalties are not implemented"),
-    "frequency_penalty": ((None, 0, 0.0), "penalties are not implemented"),
-    "repetition_penalty": ((None, 1, 1.0), "penalties are not implemented"),
-    "seed": ((None,), "per-request seeds are not supported: the server samples from one generator seeded at start "
-                      "(--seed)"),
-    "echo": ((None, False), "echo is not supported"),
-    "stream": ((None, False), "streaming is not supported; send stream=false"),
-    "suffix": ((None, ""), "suffix is not supported"),
-    "best_of": ((None, 1), "best_of is not supported"),
-    "logit_bias": ((None,), "logit_bias is not supported"),
-    "tools": ((None,), "tools are not rendered by this server; put tool schemas in the messages"),
-    "response_format": ((None,), "structured output is not supported"),
-}
-
-
-def _refuse_unsupported(body: dict) -> None:
-    for name, (fine, why) in _NEUTRAL.items():
-        value = body.get(name)
-        if isinstance(value, bool) and not any(isinstance(f, bool) for f in fine):
-            raise _bad(f"{name}={value!r} is not supported by this server: {why}", name)
-        if value not in fine and not (name == "logit_bias" and value == {}) and not (name == "tools" and value == []):
-            raise _bad(f"{name}={_show(value)} is not supported by this server: {why}", name)
-    stop = body.get("stop")
-    if stop not in (None, "", []):
-        raise _bad(f"stop={_show(stop)}: stop strings are not supported (generation stops at the end-of-turn id); "
-                   "drop 'stop'", "stop")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _optional_int(body: dict, name: str, low: int, high: int, note: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value) or not low <= value <= high:
-        raise _bad(f"'{name}' must be an integer in [{low}, {high}], got {_show(value)}" +
-                   (f" ({note})" if note else ""), name)
-    return value
-
-
-def _flag(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be true or false, got {_show(value)}", name)
-    return value
-
-
-# ------------------------------------------------------------------ handler
-class _Handler(JSONHandler):
-    """Routes requests to a ``PolicyServer``; errors are OpenAI-style."""
-
-    max_body_bytes = MAX_BODY_BYTES
-    logger = log
-    json_server: PolicyServer
-
-    def error_body(self, error: HTTPError) -> dict:
-        return {"error": {"message": error.error, "type": _ERROR_TYPES.get(error.status, "server_error"),
-                          "param": error.extra.get("param"), "code": error.status}}
-
-    def internal_error(self, e: Exception) -> HTTPError:
-        return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the policy server failed: {type(e).__name__}: {e}")
-
-    def route(self, method: str, path: str) -> dict:
-        raw, server = self.read_body(), self.json_server
-        routes = {"/v1/models": ("GET", lambda: server.models()),
-                  "/health": ("GET", lambda: {"status": "ok"}),
-                  "/stats": ("GET", lambda: server.stats()),
-                  "/v1/completions": ("POST", lambda: server.completions(_parse_json(raw, path))),
-                  "/v1/chat/completions": ("POST", lambda: server.chat_completions(_parse_json(raw, path))),
-                  "/collective_rpc": ("POST", lambda: server.collective_rpc(_parse_json(raw, path))),
-                  "/reset_prefix_cache": ("POST", lambda: {"success": True})}
-        if path not in routes:
-            raise HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
-        allowed, handler = routes[path]
-        if method != allowed:
-            raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
-        return handler()
-
-
-def _parse_json(raw: bytes, path: str) -> dict:
-    try:  # depth and integer size checked too: walking such a body could not fail later
-        body = parse_json(raw) if raw.strip() else None
-    except ValueError as e:
-        raise _bad(f"the body of POST {path} is not JSON this server takes: {e}; send a JSON object") from None
-    if not isinstance(body, dict):
-        raise _bad(f"the body of POST {path} must be a JSON object, got {type(body).__name__}")
-    return body
+def _check_limit(value: int | None, name: str, high: int, note: str) -> None:
+    """Refuse an integer field ``name`` outside ``[1, high]`` (None: absent, fine)."""
+    if value is not None and not 1 <= value <= high:
+        raise _bad(f"'{name}' must be an integer in [1, {high}], got {_show(value)} ({note})", name)
 
 
 # --------------------------------------------------------------- subprocess

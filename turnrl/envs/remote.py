@@ -39,7 +39,7 @@ Contract, and where it differs from a local env:
   ``token_env`` names (default ``TURNRL_SERVER_TOKEN``; unset or empty: none is sent), so a
   config holds the variable's name, never the secret. A 401 (no token, or the wrong one)
   raises ``RemoteEnvTokenError`` saying which variable to set. It is also a
-  ``turnrl.http_json.TokenRefusedError``, which the rollout collector re-raises instead of
+  ``turnrl.serving.TokenRefusedError``, which the rollout collector re-raises instead of
   ending one episode with ``env_error``: every episode would be refused alike. Since
   ``/info`` needs the token too, a wrong one already fails the constructor.
 """
@@ -57,7 +57,7 @@ import numpy as np
 
 from turnrl.envs.messages import action_space, observation_space
 from turnrl.envs.server import to_json
-from turnrl.http_json import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
+from turnrl.serving.tokens import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
 from turnrl.tools import Tool
 
 __all__ = ["RemoteEnv", "RemoteEnvError", "RemoteEnvTokenError", "from_json"]
@@ -297,8 +297,10 @@ class RemoteEnv(gymnasium.Env[tuple, str]):
                                  url=self.url, status=response.status_code)
         if response.status_code == 200:
             return reply
-        message = f"{where}: HTTP {response.status_code}: {reply.get('error', reply)}"
-        remote_type = reply.get("type")
+        error = reply.get("error")
+        error = error if isinstance(error, dict) else {"message": str(reply)[:500]}
+        message = f"{where}: HTTP {response.status_code}: {error.get('message', error)}"
+        remote_type = error.get("type")
         if response.status_code == 404 and path.startswith("/sessions/"):
             raise _SessionGone(message, url=self.url, status=404)
         cls = _TYPED_ERRORS.get(remote_type, RemoteEnvError)

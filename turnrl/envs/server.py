@@ -2,9 +2,9 @@
 
 Run it as ``python -m turnrl serve-env turnrl/GuessNumber-v0 --port 8000`` (see
 ``turnrl.cli``) and use it with ``turnrl.envs.remote.RemoteEnv`` (or ``env.url`` in a
-training config). Built on the standard library's ``ThreadingHTTPServer``: each
-connection gets a thread, each session its own env and lock, so many sessions step
-concurrently while requests to one session are served in order.
+training config). A FastAPI app under uvicorn (``turnrl.serving``): requests run in a
+thread pool, each session has its own env and lock, so many sessions step concurrently
+while requests to one session are served in order.
 
 What a client may choose. The env id and every setting of how code runs (``executors``,
 ``executor_options``: sandbox limits, ``run_as``, the bubblewrap binary, warm pools, tool
@@ -31,7 +31,9 @@ makes the server refuse to start, saying why; such settings go on the server
 null) or a list of at most ``MAX_KWARG_ITEMS`` of them. Reset options (``{"split":
 "test"}``) obey the same value rules.
 
-Endpoints (JSON in, JSON out; ``REQUEST_SCHEMAS`` holds the body schemas):
+Endpoints (JSON in, JSON out; the bodies are the pydantic models ``CreateSession``,
+``Reset``, ``Step`` and ``Player``, strict and closed: a field of the wrong JSON type or an
+unknown field is a 400; ``REQUEST_SCHEMAS`` holds their JSON schemas):
 
 * ``GET /health`` -> ``{"status": "ok"}`` (open without a token).
 * ``GET /info`` -> ``{"env_id", "kwargs", "client_kwargs", "tools", "max_turns",
@@ -78,31 +80,32 @@ server.
 With a ``token`` (``serve-env`` reads it from the variable ``--token-env`` names, default
 ``TURNRL_SERVER_TOKEN``; required when bound to an address other than loopback), every
 request but ``GET /health`` must send ``Authorization: Bearer <token>``, else 401
-(``turnrl.http_json``).
+(``turnrl.serving``).
 
-Errors are ``{"error": "<what was wrong and how to fix it>"}`` with a status; a bad request is
-always a 4xx and the server keeps serving:
+Errors have the servers' one format (``turnrl.serving.errors``): ``{"error": {"message": "<what
+was wrong and how to fix it>", "type", "code", "param"}}``. ``type`` is the env's exception
+class where the env raised (with the exception's text in ``detail``), ``ResetNeeded`` for a
+call before reset, else a kind by status. A bad request is always a 4xx and the server keeps
+serving:
 
-* 400: a body that is not a JSON object, fails its schema (checked with
-  ``turnrl.tools.validation.validate_arguments``; an optional field may be null, meaning
-  absent), nests deeper than 64 levels or holds an integer of thousands of digits; a seed
-  outside [0, 2**64); a kwarg or reset option value that is not a short plain value; kwargs or
-  reset options the env rejects (the reply adds ``"type"`` and ``"message"``, the env's
-  exception); a ``Content-Length`` that is not a non-negative integer; a body cut short.
+* 400: a body that is not a JSON object or fails its model (``param`` names the field; an
+  optional field may be null, meaning absent), nests deeper than 64 levels or holds an
+  integer of thousands of digits; a seed outside [0, 2**64); a kwarg or reset option value
+  that is not a short plain value; kwargs or reset options the env rejects; a
+  ``Content-Length`` that is not a non-negative integer.
 * 401: a missing or wrong token.
 * 403: a kwarg the server does not let clients choose (the message lists the ones it does and
   how the operator allows more).
 * 404: an unknown path or session (a session idle longer than ``session_ttl_s`` is reaped
   and then unknown).
 * 405: a method an endpoint does not take (PUT, PATCH, HEAD...).
-* 408: a request that did not arrive whole within ``read_timeout_s`` (the connection closes).
+* A request that does not arrive whole within ``read_timeout_s`` has its connection closed.
 * 409: ``step`` or a player before the session's first successful ``reset``, or a call the
-  env refused because its episode ended (the reply adds the env's ``"type"`` and
-  ``"message"``).
+  env refused because its episode ended (``type`` and ``detail``: the env's exception).
 * 411: a body sent with a ``Transfer-Encoding`` (chunked); 413: a body over ``MAX_BODY_BYTES``.
 * 503: ``max_sessions`` sessions are open.
-* 500: an exception inside the env on a valid request (the reply adds ``"type"`` and
-  ``"message"``, the exception's class name and text).
+* 500: an exception inside the env on a valid request (``type`` and ``detail``: the
+  exception's class name and text).
 
 JSON values: observations and info are sent as JSON. Tuples become lists, numpy scalars
 and arrays become numbers and lists; a dict key that is not a string, or a value JSON
@@ -114,7 +117,6 @@ hashable); an info value that was a list locally arrives as a tuple.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import re
@@ -131,11 +133,13 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 import turnrl.envs.registration as registration
-from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, HTTPError, JSONHandler, JSONServer, parse_json
-from turnrl.tools.validation import validate_arguments
+from fastapi import Depends, FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnrl.serving import DEFAULT_READ_TIMEOUT_S, APIError, HTTPService, JSONReply, service_app
 
 __all__ = ["DEFAULT_CLIENT_KWARGS", "EnvServer", "MAX_BODY_BYTES", "MAX_KWARG_CHARS", "MAX_KWARG_ITEMS", "PLAYERS",
-           "REQUEST_SCHEMAS", "execution_setting", "to_json"]
+           "REQUEST_SCHEMAS", "CreateSession", "Player", "Reset", "Step", "execution_setting", "to_json"]
 
 log = logging.getLogger(__name__)
 
@@ -178,41 +182,48 @@ def execution_setting(name: str) -> bool:
             or any(w in _EXECUTION_WORDS or w.removesuffix("s") in _EXECUTION_WORDS for w in words))
 
 
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CreateSession(_Body):
+    """``POST /sessions``."""
+
+    kwargs: dict[str, Any] | None = Field(
+        None, description="task kwargs overriding the server's, only those GET /info lists as client_kwargs; each a "
+                          "JSON scalar or a short list")
+
+
+class Reset(_Body):
+    """``POST /sessions/{id}/reset``."""
+
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="reset seed in [0, 2**64); null: no reseeding")
+    options: dict[str, Any] | None = Field(None, description='reset options, e.g. {"split": "test"}')
+
+
+class Step(_Body):
+    """``POST /sessions/{id}/step``."""
+
+    action: str = Field(description="the assistant turn's text")
+
+
+class Player(_Body):
+    """``POST /sessions/{id}/player``: one scripted move; weak and random players need exactly one
+    of ``rng_seed`` and ``rng_state``."""
+
+    player: Literal["expert", "weak", "random"] = Field(description="which scripted player")
+    rng_seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of the session's player generator")
+    rng_state: dict[str, Any] | None = Field(None, description="a numpy rng.bit_generator.state")
+
+
 REQUEST_SCHEMAS: dict[str, dict] = {
-    "POST /sessions": {
-        "type": "object",
-        "properties": {
-            "kwargs": {"type": "object", "description": "task kwargs overriding the server's, only those GET /info "
-                                                        "lists as client_kwargs; each a JSON scalar or a short list"},
-        },
-        "required": [],
-    },
-    "POST /sessions/{id}/reset": {
-        "type": "object",
-        "properties": {
-            "seed": {"type": "integer", "description": "reset seed (>= 0); null or absent: no reseeding"},
-            "options": {"type": "object", "description": 'reset options, e.g. {"split": "test"}'},
-        },
-        "required": [],
-    },
-    "POST /sessions/{id}/step": {
-        "type": "object",
-        "properties": {"action": {"type": "string", "description": "the assistant turn's text"}},
-        "required": ["action"],
-    },
-    "POST /sessions/{id}/player": {
-        "type": "object",
-        "properties": {
-            "player": {"type": "string", "enum": list(PLAYERS), "description": "which scripted player"},
-            "rng_seed": {"type": "integer", "description": "seed of the session's player generator"},
-            "rng_state": {"type": "object", "description": "a numpy rng.bit_generator.state"},
-        },
-        "required": ["player"],
-    },
+    "POST /sessions": CreateSession.model_json_schema(),
+    "POST /sessions/{id}/reset": Reset.model_json_schema(),
+    "POST /sessions/{id}/step": Step.model_json_schema(),
+    "POST /sessions/{id}/player": Player.model_json_schema(),
 }
 """JSON schema of every request body, keyed by ``"METHOD /path"`` (also served at ``/info``)."""
 
-_SESSION_PATH = re.compile(r"^/sessions/([A-Za-z0-9_-]{1,64})(?:/(reset|step|player))?$")
 _ENDPOINTS = ("GET /health, GET /info, POST /sessions, POST /sessions/{id}/reset|step|player, "
               "DELETE /sessions/{id}")
 
@@ -230,7 +241,7 @@ class _Session:
     closed: bool = False
 
 
-class EnvServer(JSONServer):
+class EnvServer(HTTPService):
     """Serve ``env_id`` over HTTP (what a client may choose, the endpoints and the errors are in
     the module docstring).
 
@@ -279,7 +290,7 @@ class EnvServer(JSONServer):
             raise ValueError(f"port must be an int in [0, 65535] (0 picks a free port), got {port!r}")
         if isinstance(client_kwargs, str):
             raise ValueError(f"client_kwargs must be a list of names, got the string {client_kwargs!r}")
-        super().__init__(host, port, _Handler, "env-server", token=token, read_timeout_s=read_timeout_s)
+        super().__init__(host, port, "env-server", token=token, read_timeout_s=read_timeout_s)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.session_ttl_s, self.max_sessions = float(session_ttl_s), max_sessions
         self.close_executors = close_executors
@@ -291,8 +302,8 @@ class EnvServer(JSONServer):
             raise ValueError(f"gymnasium.make({env_id!r}, **{self.env_kwargs}) raised {type(e).__name__}: {e}") from e
         try:
             self._description = _describe_env(probe)
-        except HTTPError as e:
-            raise ValueError(e.error) from e
+        except APIError as e:
+            raise ValueError(e.message) from e
         finally:
             probe.close()
         self._sessions: dict[str, _Session] = {}
@@ -311,6 +322,9 @@ class EnvServer(JSONServer):
             from turnrl.tools.executors import close_executors
 
             close_executors()
+
+    def build_app(self) -> FastAPI:
+        return _routes(self)
 
     def _background(self) -> list[tuple[str, Callable[[], None]]]:
         return [("env-reaper", self._reap_loop)]  # reaps idle sessions while serving
@@ -347,9 +361,9 @@ class EnvServer(JSONServer):
                 "session_ttl_s": self.session_ttl_s, "max_sessions": self.max_sessions,
                 "sessions": self.num_sessions, "request_schemas": REQUEST_SCHEMAS}
 
-    def create_session(self, body: dict) -> dict:
+    def create_session(self, body: CreateSession) -> dict:
         """``POST /sessions``: check the client's kwargs, make the session's env and return its description."""
-        client = body.get("kwargs", {})
+        client = body.kwargs or {}
         self._check_client_kwargs(client)
         self.reap()
         with self._lock:
@@ -362,9 +376,9 @@ class EnvServer(JSONServer):
         except Exception as e:
             if not client:  # the server's own kwargs made the probe env: this is no fault of the request
                 raise _env_error("making the env", e) from e
-            raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env refused the kwargs {client}: {type(e).__name__}: {e}; "
+            raise APIError(HTTPStatus.BAD_REQUEST, f"the env refused the kwargs {client}: {type(e).__name__}: {e}; "
                                                     "pass values the env's constructor accepts",
-                            type=type(e).__name__, message=str(e)) from e
+                            type=type(e).__name__, detail=str(e)) from e
         try:
             description = _describe_env(env)
         except Exception as e:
@@ -388,7 +402,7 @@ class EnvServer(JSONServer):
             execution = [name for name in refused if execution_setting(name)]
             why = (f"{execution} control how or where code runs, what it reaches or which credentials it uses: only "
                    f"the server's operator sets them (serve-env --kwarg NAME=VALUE). " if execution else "")
-            raise HTTPError(HTTPStatus.FORBIDDEN,
+            raise APIError(HTTPStatus.FORBIDDEN,
                             f"this server does not let clients choose the kwargs {refused}. {why}A client may pass "
                             f"only {sorted(self.client_kwargs)} (GET /info: client_kwargs); the server's operator "
                             f"allows more task kwargs with `serve-env {self.env_id} --client-kwarg NAME` "
@@ -396,10 +410,10 @@ class EnvServer(JSONServer):
         for name, value in client.items():
             problem = _value_problem(value)
             if problem is not None:
-                raise HTTPError(HTTPStatus.BAD_REQUEST, f"kwargs[{name!r}] is {problem}; {_VALUE_RULE}")
+                raise APIError(HTTPStatus.BAD_REQUEST, f"kwargs[{name!r}] is {problem}; {_VALUE_RULE}")
 
-    def _full(self) -> HTTPError:
-        return HTTPError(
+    def _full(self) -> APIError:
+        return APIError(
             HTTPStatus.SERVICE_UNAVAILABLE,
             f"the server already holds max_sessions={self.max_sessions} sessions; close sessions you no "
             f"longer need (DELETE /sessions/{{id}}, RemoteEnv.close()), wait for idle ones to expire "
@@ -414,7 +428,7 @@ class EnvServer(JSONServer):
         _close_session(session)
         return {"deleted": sid}
 
-    def session_call(self, sid: str, verb: str, body: dict) -> dict:
+    def session_call(self, sid: str, verb: str, body: BaseModel) -> dict:
         """``POST /sessions/{id}/{verb}`` for ``verb`` in reset, step, player."""
         with self._lock:
             session = self._sessions.get(sid)
@@ -498,31 +512,30 @@ def _task_kwargs(kwargs: Mapping[str, Any]) -> dict:
 
 
 # -------------------------------------------------------------- the verbs
-def _reset(session: _Session, body: dict) -> dict:
-    seed, options = body.get("seed"), body.get("options")
-    _check_seed("seed", seed)
+def _reset(session: _Session, body: Reset) -> dict:
+    seed, options = body.seed, body.options
     for key, value in (options or {}).items():
         problem = _value_problem(value)
         if problem is not None:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, f"options[{key!r}] is {problem}; {_VALUE_RULE}")
+            raise APIError(HTTPStatus.BAD_REQUEST, f"options[{key!r}] is {problem}; {_VALUE_RULE}")
     session.episode = "none"
     try:
         obs, info = session.env.reset(seed=seed, options=options)
     except (ValueError, TypeError, KeyError) as e:
         if not options:
             raise _env_error("reset", e) from e
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env refused the reset options {options}: {type(e).__name__}: "
-                                                f"{e}", type=type(e).__name__, message=str(e)) from e
+        raise APIError(HTTPStatus.BAD_REQUEST, f"the env refused the reset options {options}: {type(e).__name__}: "
+                                                f"{e}", type=type(e).__name__, detail=str(e)) from e
     except Exception as e:
         raise _env_error("reset", e) from e
     session.episode = "running"
     return {"observation": _jsonable(obs, "observation"), "info": _jsonable(info, "info")}
 
 
-def _step(session: _Session, body: dict) -> dict:
+def _step(session: _Session, body: Step) -> dict:
     _require_episode(session, "step")
     try:
-        obs, reward, terminated, truncated, info = session.env.step(body["action"])
+        obs, reward, terminated, truncated, info = session.env.step(body.action)
     except Exception as e:
         raise _env_error("step", e, session) from e
     if terminated or truncated:
@@ -531,59 +544,50 @@ def _step(session: _Session, body: dict) -> dict:
             "terminated": bool(terminated), "truncated": bool(truncated), "info": _jsonable(info, "info")}
 
 
-def _player(session: _Session, body: dict) -> dict:
-    player, base = body["player"], session.env.unwrapped
-    has_seed, has_state = "rng_seed" in body, "rng_state" in body
+def _player(session: _Session, body: Player) -> dict:
+    player = body.player
+    has_seed, has_state = body.rng_seed is not None, body.rng_state is not None
     if player == "expert":
         if has_seed or has_state:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, "the expert player takes no randomness; "
+            raise APIError(HTTPStatus.BAD_REQUEST, "the expert player takes no randomness; "
                                                      "drop 'rng_seed' and 'rng_state'")
         _require_episode(session, "the expert player")
         return {"action": _play(session, "expert_action"), "rng_state": None}
     if has_seed == has_state:
-        raise HTTPError(HTTPStatus.BAD_REQUEST,
+        raise APIError(HTTPStatus.BAD_REQUEST,
                          f"the {player} player needs exactly one of 'rng_seed' (an int: the session keeps "
                          "a generator seeded with it) or 'rng_state' (a numpy rng.bit_generator.state)")
     if has_state:
-        rng = _generator_from_state(body["rng_state"])
-    else:
-        _check_seed("rng_seed", body["rng_seed"])
+        rng = _generator_from_state(body.rng_state)
     _require_episode(session, f"the {player} player")
     if not has_state:
-        if session.rng is None or session.rng_seed != body["rng_seed"]:
-            session.rng, session.rng_seed = np.random.default_rng(body["rng_seed"]), body["rng_seed"]
+        if session.rng is None or session.rng_seed != body.rng_seed:
+            session.rng, session.rng_seed = np.random.default_rng(body.rng_seed), body.rng_seed
         rng = session.rng
     method = "weak_expert_action" if player == "weak" else "random_action"
     action = _play(session, method, rng)
     return {"action": action, "rng_state": to_json(rng.bit_generator.state, "rng_state")}
 
 
-def _check_seed(name: str, seed: int | None) -> None:
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        shown = f"{str(seed)[:40]}..." if len(str(seed)) > 40 else str(seed)
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"{name!r} must be a non-negative integer below 2**64, or null; "
-                                                 f"got {shown}")
-
-
 def _require_episode(session: _Session, what: str) -> None:
     """409 unless the session's env was reset (successfully) since it was made."""
     if session.episode == "none":
-        raise HTTPError(HTTPStatus.CONFLICT, f"{what} needs an episode: POST /sessions/{{id}}/reset first (the "
+        raise APIError(HTTPStatus.CONFLICT, f"{what} needs an episode: POST /sessions/{{id}}/reset first (the "
                                               "session was never reset, or its last reset failed)", type="ResetNeeded",
-                        message=f"{what} called before reset()")
+                        detail=f"{what} called before reset()")
 
 
 def _play(session: _Session, method: str, *args: Any) -> str:
     base = session.env.unwrapped
     fn = getattr(base, method, None)
     if fn is None:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"{type(base).__name__} does not define {method}(), so the server has "
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{type(base).__name__} does not define {method}(), so the server has "
                                                  "no such player for it", type="NotImplementedError",
-                        message=f"{type(base).__name__} does not define {method}()")
+                        detail=f"{type(base).__name__} does not define {method}()")
     try:
         action = fn(*args)
     except NotImplementedError as e:  # the env has no such player (MultiTurnEnv.random_action's default)
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the env has no {method}(): {e}", type="NotImplementedError",
+        raise APIError(HTTPStatus.BAD_REQUEST, f"the env has no {method}(): {e}", type="NotImplementedError",
                         message=str(e)) from e
     except Exception as e:
         raise _env_error(method, e, session) from e
@@ -595,19 +599,19 @@ def _play(session: _Session, method: str, *args: Any) -> str:
 def _generator_from_state(state: dict) -> np.random.Generator:
     name = state.get("bit_generator")
     if name not in BIT_GENERATORS:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state['bit_generator'] must be one of {list(BIT_GENERATORS)}"
+        raise APIError(HTTPStatus.BAD_REQUEST, f"rng_state['bit_generator'] must be one of {list(BIT_GENERATORS)}"
                                                  f", got {str(name)[:40]!r}; send rng.bit_generator.state of a numpy "
                                                  "Generator")
     bit_generator = getattr(np.random, name)()
     try:
         bit_generator.state = state
     except Exception as e:  # numpy's checks: TypeError, ValueError, KeyError, OverflowError...
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"rng_state is not a valid {name} state ({type(e).__name__}: "
+        raise APIError(HTTPStatus.BAD_REQUEST, f"rng_state is not a valid {name} state ({type(e).__name__}: "
                                                  f"{str(e)[:200]}); send rng.bit_generator.state unchanged") from e
     return np.random.Generator(bit_generator)
 
 
-_VERBS: dict[str, Callable[[_Session, dict], dict]] = {"reset": _reset, "step": _step, "player": _player}
+_VERBS: dict[str, Callable[[_Session, Any], dict]] = {"reset": _reset, "step": _step, "player": _player}
 
 
 # ------------------------------------------------------------------ helpers
@@ -642,8 +646,8 @@ def _jsonable(value: Any, path: str) -> Any:
     try:
         return to_json(value, path)
     except TypeError as e:
-        raise HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env's {path} cannot be sent as JSON: {e}",
-                         type="TypeError", message=str(e)) from e
+        raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env's {path} cannot be sent as JSON: {e}",
+                         type="TypeError", detail=str(e)) from e
 
 
 def _describe_env(env: gymnasium.Env) -> dict:
@@ -653,22 +657,22 @@ def _describe_env(env: gymnasium.Env) -> dict:
     return {"tools": _jsonable(tools, "tools"), "max_turns": None if max_turns is None else int(max_turns)}
 
 
-def _env_error(what: str, e: BaseException, session: _Session | None = None) -> HTTPError:
+def _env_error(what: str, e: BaseException, session: _Session | None = None) -> APIError:
     """The reply to an exception the env raised: 409 when the session's episode had ended (the
     env refused a call after its end), else 500 (a failure of the env on a valid request)."""
-    if isinstance(e, HTTPError):
+    if isinstance(e, APIError):
         return e
     if session is not None and session.episode == "ended":
-        return HTTPError(HTTPStatus.CONFLICT, f"the episode ended, and the env raised {type(e).__name__} during "
+        return APIError(HTTPStatus.CONFLICT, f"the episode ended, and the env raised {type(e).__name__} during "
                                                f"{what}: {e}; POST /sessions/{{id}}/reset to start a new one",
-                         type=type(e).__name__, message=str(e))
-    return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env raised {type(e).__name__} during {what}: {e}",
-                     type=type(e).__name__, message=str(e))
+                         type=type(e).__name__, detail=str(e))
+    return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env raised {type(e).__name__} during {what}: {e}",
+                     type=type(e).__name__, detail=str(e))
 
 
-def _unknown_session(sid: str, ttl: float) -> HTTPError:
-    return HTTPError(HTTPStatus.NOT_FOUND,
-                      f"unknown session {sid!r}: it was deleted, or it expired after {ttl:g} s idle "
+def _unknown_session(sid: str, ttl: float) -> APIError:
+    return APIError(HTTPStatus.NOT_FOUND,
+                      f"unknown session {sid[:64]!r}: it was deleted, or it expired after {ttl:g} s idle "
                       "(session_ttl_s), or the server restarted; open a new one with POST /sessions")
 
 
@@ -691,58 +695,41 @@ def _close_session(session: _Session, wait_s: float | None = None) -> None:
             session.lock.release()
 
 
-class _Handler(JSONHandler):
-    """Routes requests to an ``EnvServer`` (GET, POST and DELETE; other methods get 405)."""
+def _routes(server: EnvServer) -> FastAPI:
+    """The env server's app: ``service_app`` plus the endpoints of the module docstring."""
+    app = service_app(title="env server", token=server._token, max_body_bytes=MAX_BODY_BYTES, endpoints=_ENDPOINTS,
+                      logger=log)
 
-    max_body_bytes = MAX_BODY_BYTES
-    drain_bytes = 16 * MAX_BODY_BYTES
-    logger = log
-    json_server: EnvServer
+    @app.get("/info")
+    def info() -> JSONReply:
+        return JSONReply(server.info())
 
-    def internal_error(self, e: Exception) -> HTTPError:
-        return HTTPError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the env server failed: {type(e).__name__}: {e}",
-                         type=type(e).__name__, message=str(e))
+    @app.post("/sessions")
+    def create_session(body: CreateSession) -> JSONReply:
+        return JSONReply(server.create_session(body))
 
-    def route(self, method: str, path: str) -> dict:
-        raw, server = self.read_body(), self.json_server
-        if path == "/info":
-            _require_method(method, "GET", path)
-            return server.info()
-        if path == "/sessions":
-            _require_method(method, "POST", path)
-            return server.create_session(_parse_body(raw, "POST /sessions"))
-        match = _SESSION_PATH.match(path)
-        if match is None:
-            raise HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; the endpoints are: {_ENDPOINTS}")
-        sid, verb = match.groups()
-        if verb is None:
-            _require_method(method, "DELETE", path)
-            return server.delete_session(sid)
-        _require_method(method, "POST", path)
-        return server.session_call(sid, verb, _parse_body(raw, f"POST /sessions/{{id}}/{verb}"))
+    @app.delete("/sessions/{sid}")
+    def delete_session(sid: str) -> JSONReply:
+        return JSONReply(server.delete_session(sid))
 
+    def known(sid: str) -> str:
+        """The session id, or 404 before the body is read: an unknown session is the answer to
+        any body sent to it."""
+        with server._lock:
+            if sid in server._sessions:
+                return sid
+        raise _unknown_session(sid, server.session_ttl_s)
 
-def _require_method(method: str, allowed: str, path: str) -> None:
-    if method != allowed:
-        raise HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
+    @app.post("/sessions/{sid}/reset")
+    def reset(body: Reset, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(server.session_call(sid, "reset", body))
 
+    @app.post("/sessions/{sid}/step")
+    def step(body: Step, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(server.session_call(sid, "step", body))
 
-def _parse_body(raw: bytes, endpoint: str) -> dict:
-    """Decode and validate a body against ``REQUEST_SCHEMAS[endpoint]`` (empty means ``{}``)."""
-    schema = REQUEST_SCHEMAS[endpoint]
-    try:
-        body = parse_json(raw) if raw.strip() else {}
-    except ValueError as e:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} is not JSON this server reads: {e}; send a "
-                                                 f"JSON object matching {json.dumps(schema)}") from e
-    if not isinstance(body, dict):
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"the body of {endpoint} must be a JSON object, got "
-                                                 f"{type(body).__name__}; send {json.dumps(schema)}")
-    required = set(schema.get("required", []))
-    body = {k: v for k, v in body.items() if v is not None or k in required}  # null optional = absent
-    problem = validate_arguments(body, schema)
-    if problem is not None:
-        fields = ", ".join(f"{k}: {v.get('type', 'any')}" + (" (required)" if k in required else "")
-                           for k, v in schema["properties"].items())
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"bad body for {endpoint}: {problem}; the fields are {{{fields}}}")
-    return body
+    @app.post("/sessions/{sid}/player")
+    def player(body: Player, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(server.session_call(sid, "player", body))
+
+    return app

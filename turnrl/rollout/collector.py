@@ -10,7 +10,7 @@ import gymnasium
 
 from turnrl.agents.renderer import ChatRenderer, Conversation
 from turnrl.agents.sampling import SamplingParams
-from turnrl.http_json import TokenRefusedError
+from turnrl.serving.tokens import TokenRefusedError
 from turnrl.rollout.compaction import ON_CONTEXT_LIMIT, drop_oldest_turn
 from turnrl.rollout.env_calls import EnvCalls
 from turnrl.rollout.termination import INFRA_FAILURE_POLICIES, Termination, failure_termination, is_infra_failure

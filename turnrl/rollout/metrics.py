@@ -25,8 +25,15 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     and ``refill_rate``, the fraction sampled again after such an ending
     (``trainer.infra_failures="refill"``); with a learned reward model
     also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier); for a mixture env
-    ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env."""
+    ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env.
+
+    ``reward`` and ``success`` (and their per-env forms) measure the policy: they are means over
+    the episodes the model ended, leaving out those the infrastructure ended (an env server that
+    died says nothing about the agent); over all episodes when the infrastructure ended every
+    one (then they are those episodes' zeros, and ``infra_failure_rate`` is 1)."""
     n = max(len(trajectories), 1)
+    scored = [t for t in trajectories if not is_infra_failure(t.termination)] or trajectories
+    m = max(len(scored), 1)
     turns = sum(t.num_turns for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
     sampled = [
@@ -34,8 +41,8 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     ]
     out = {
         "episodes": float(len(trajectories)),
-        "reward": sum(t.reward for t in trajectories) / n,
-        "success": sum(t.success for t in trajectories) / n,
+        "reward": sum(t.reward for t in scored) / m,
+        "success": sum(t.success for t in scored) / m,
         "turns": turns / n,
         "gen_tokens": sum(t.num_generated_tokens for t in trajectories) / n,
         "tool_calls": calls / n,
@@ -61,7 +68,8 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         if t.env_id is not None:
             by_env.setdefault(t.env_id, []).append(t)
     for env_id, group in sorted(by_env.items()):  # a mixture: each sub-env's own figures
-        out[f"success@{env_id}"] = sum(t.success for t in group) / len(group)
-        out[f"reward@{env_id}"] = sum(t.reward for t in group) / len(group)
+        kept = [t for t in group if not is_infra_failure(t.termination)] or group
+        out[f"success@{env_id}"] = sum(t.success for t in kept) / len(kept)
+        out[f"reward@{env_id}"] = sum(t.reward for t in kept) / len(kept)
         out[f"episodes@{env_id}"] = float(len(group))
     return out

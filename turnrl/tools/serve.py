@@ -3,57 +3,116 @@
 The protocol (JSON over HTTP/1.1, what ``turnrl.tools.executors.remote`` speaks):
 
 - ``GET /tools`` -> 200, the list of ``tool.schema()``.
-- ``POST /call`` with ``{"name": str, "arguments": object, "session": str}`` (``arguments``
-  and ``session`` may be omitted: ``{}`` and ``""``) -> 200 ``{"content": str, "error":
-  null | str}``, where ``error`` is a ``ToolResult.error`` kind (``"bad_arguments"`` when the
-  arguments break the tool's schema, ``"exception"`` when the tool raised, ...). A malformed
-  body -> 400 ``{"error": "bad_request", "message": ...}`` saying what was wrong; an unknown
-  tool -> 404 ``{"error": "unknown_tool", "message": ..., "tools": [valid names]}``; a call
-  whose result is ``"unavailable"`` (not the call's fault: the tool raised
-  ``ToolUnavailableError``, ``ConnectionError``..., or its executor could not run it; see
-  ``turnrl.tools.execute``) -> 503 ``{"error": "unavailable", "message": ...}`` (a transient
-  failure: clients retry, then report the call ``"unavailable"``).
+- ``POST /call`` with ``{"name": str, "arguments": object, "session": str}`` (``name`` a
+  non-empty string; ``arguments`` and ``session`` may be omitted: ``{}`` and ``""``; no other
+  keys), e.g. ``{"name": "calculator", "arguments": {"expression": "1+2"}, "session":
+  "episode-1"}`` -> 200 ``{"content": str, "error": null | str}``, where ``error`` is a
+  ``ToolResult.error`` kind (``"bad_arguments"`` when the arguments break the tool's schema,
+  ``"exception"`` when the tool raised, ...).
 - ``POST /close_session`` with ``{"session": str}`` -> 200 ``{"closed": session}``: frees the
-  session's resources on the executors its calls used.
+  session's resources on the executors its calls used (see Sessions below).
 - ``GET /health`` -> 200 ``{"status": "ok"}`` (open without a token).
-- A server with a ``token`` (the command line reads it from the variable ``--token-env``
-  names, default ``TURNRL_SERVER_TOKEN``; required when bound to an address other than
-  loopback) answers a request without ``Authorization: Bearer <token>`` with 401
-  ``{"error": "unauthorized", "message": ...}`` (``turnrl.http_json``).
-- Requests the HTTP layer refuses (``turnrl.http_json``: a request not in whole within
-  ``read_timeout_s``, a bad ``Content-Length``, JSON nested too deeply or with an integer of
-  thousands of digits, a method an endpoint does not take) get a 4xx ``{"error":
-  "bad_request", "message": ...}``; a POST without ``Content-Length`` gets 411.
 
-Plain tools run in the request's thread (``ThreadingHTTPServer``: one thread per
-connection) with the same validation and error texts as ``execute_call``. A tool whose
-``executor`` is another kind (e.g. a ``sandbox`` code tool) runs on the shared executor of
-that kind (``get_executor(kind, **executor_options.get(kind, {}))``), so a server can host
-sandboxed code execution for remote clients. The server enforces no time limit of its own:
-clients time out (``RemoteExecutor.timeout_s``).
+Every refusal has the one error format of turnrl's servers (``turnrl.serving.errors``)::
+
+    {"error": {"message": str, "type": str, "code": <the HTTP status>, "param": str | null, ...}}
+
+- 404 ``"unknown_tool"``: the call names a tool this server does not serve (the model's
+  mistake); the error also holds ``"tools"``, the names it serves, and its message is the
+  text the model sees (``Error: unknown tool 'x'. Available tools: ...``).
+- 503 ``"unavailable"``: the call's result is ``"unavailable"``, which is not the call's fault
+  (the tool raised ``ToolUnavailableError``, ``ConnectionError``..., or its executor could not
+  run it; see ``turnrl.tools.execute``); a transient failure: clients retry, then report the
+  call ``"unavailable"``. ``ToolUnavailable("reason")`` is the short way for a tool to say so.
+- 400 ``"invalid_request_error"``: a body that is not JSON, or not the endpoint's shape
+  (``param`` names the field at fault; the message says what is wrong and shows an example
+  body); also a bad ``Content-Length``, JSON nested more than 64 levels deep or an integer of
+  thousands of digits.
+- 404 ``"not_found_error"``: no such endpoint (the message lists them); clients take it for a
+  wrong URL, not for an unknown tool. 405: a method the endpoint does not take. 411: a body
+  sent with ``Transfer-Encoding`` (send a ``Content-Length``). 413: a body over
+  ``MAX_BODY_BYTES``.
+- 401 ``"authentication_error"``: a server with a ``token`` (the command line reads it from the
+  variable ``--token-env`` names, default ``TURNRL_SERVER_TOKEN``; required when bound to an
+  address other than loopback) refuses every request but ``GET /health`` without
+  ``Authorization: Bearer <token>``.
+- 500 ``"server_error"``: a bug of the server (logged with its traceback); it keeps serving.
+
+A connection that does not deliver its next whole request within ``read_timeout_s`` (idle
+keep-alive time included) is closed (``turnrl.serving.server``).
+
+Sessions: a session is a name the client chooses (``RemoteExecutor`` sends the env's episode
+session) that groups calls sharing state on a stateful executor, e.g. the files of a
+``sandbox`` code tool. The server records no owner for a session: any client that can reach
+it (holding its token, if it has one) and knows a session's name can call tools in that
+session, reading and changing its state, and can close it. The name is the session's only
+protection, so clients must choose names others cannot guess (turnrl's envs put 48 random bits
+in theirs); calls without a session all share the session ``""``. Parties that must not
+reach each other's state need a server each (with a token each). Sessions of plain
+(``"inprocess"``) tools hold nothing.
+
+Plain tools run in one of the server's worker threads (at most ``max_threads`` calls at
+once; more wait for a thread) with the same validation and error texts as ``execute_call``.
+A tool whose ``executor`` is another kind (e.g. a ``sandbox`` code tool) runs on the shared
+executor of that kind (``get_executor(kind, **executor_options.get(kind, {}))``), so a server
+can host sandboxed code execution for remote clients. The server enforces no time limit of its
+own: clients time out (``RemoteExecutor.timeout_s``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import logging
 import signal
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from turnrl.http_json import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, HTTPError, JSONHandler, JSONServer, server_token
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnrl.serving import (DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, APIError, HTTPService, JSONReply, server_token,
+                            service_app)
 from turnrl.tools.execute import ToolResult, ToolUnavailableError, check_call, run_validated, unavailable_result
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool, tool, tool_map
 
-__all__ = ["MAX_BODY_BYTES", "ToolServer", "ToolUnavailable", "load_tools", "main"]
+__all__ = ["CallRequest", "CloseSessionRequest", "MAX_BODY_BYTES", "ToolServer", "ToolUnavailable", "load_tools",
+           "main"]
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Largest request body accepted (413 beyond)."""
-_CALL_KEYS = ("name", "arguments", "session")
+ENDPOINTS = "GET /tools, POST /call, POST /close_session, GET /health"
+CALL_EXAMPLE = {"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}
+CLOSE_EXAMPLE = {"session": "episode-1"}
+
+
+class CallRequest(BaseModel):
+    """The body of ``POST /call``: one tool call, e.g.
+    ``{"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [CALL_EXAMPLE]})
+
+    name: str = Field(min_length=1, description="The tool to call (one of GET /tools).")
+    arguments: dict[str, Any] = Field(default_factory=dict,
+                                      description="The tool's arguments, checked against its schema.")
+    session: str = Field("", description="The session the call belongs to (a name the client chooses, hard to "
+                                         "guess: see the module docstring); calls in one session share state.")
+
+
+class CloseSessionRequest(BaseModel):
+    """The body of ``POST /close_session``, e.g. ``{"session": "episode-1"}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [CLOSE_EXAMPLE]})
+
+    session: str = Field(description="The session whose resources to free.")
 
 
 class ToolUnavailable(ToolUnavailableError):
@@ -75,7 +134,7 @@ class ToolUnavailable(ToolUnavailableError):
         return type(self), (self.reason,)
 
 
-class ToolServer(JSONServer):
+class ToolServer(HTTPService):
     """An HTTP server for a set of tools (see the module docstring for the protocol).
 
     Usage: ``with ToolServer([calculator]) as server: remote_tools(server.url)``, or
@@ -87,18 +146,17 @@ class ToolServer(JSONServer):
         port: TCP port; 0 picks a free one (read it from ``url`` after ``start``).
         executor_options: Executor kind -> options for ``get_executor``, used for tools whose
             ``executor`` is not ``"inprocess"`` (e.g. ``{"sandbox": {"limits": {...}}}``).
-        token: The bearer token every request must send (else 401); required unless ``host``
-            is loopback. None: no token (loopback only).
+        token: The bearer token every request but ``GET /health`` must send (else 401);
+            required unless ``host`` is loopback. None: no token (loopback only).
         read_timeout_s: Seconds a connection may take to deliver its next whole request
-            (idle keep-alive time included); then it is closed (``turnrl.http_json``).
+            (idle keep-alive time included); then it is closed (``turnrl.serving.server``).
+        max_threads: Calls that run at once; more wait for a thread.
 
     Raises:
         ValueError: If two tools share a name, there are none, ``host`` is not loopback
             and there is no token, or ``read_timeout_s`` is not positive.
         TypeError: If an item of ``tools`` is not a ``Tool``.
     """
-
-    poll_interval_s = 0.05
 
     def __init__(
         self,
@@ -109,6 +167,7 @@ class ToolServer(JSONServer):
         executor_options: Mapping[str, Mapping[str, Any]] | None = None,
         token: str | None = None,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        max_threads: int = 256,
     ) -> None:
         tools = list(tools)
         for item in tools:
@@ -116,13 +175,16 @@ class ToolServer(JSONServer):
                 raise TypeError(f"ToolServer serves Tool values (see turnrl.tools.tool), got {item!r}")
         if not tools:
             raise ValueError("ToolServer needs at least one tool to serve")
-        super().__init__(host, port, _Handler, "turnrl-tool-server", token=token, read_timeout_s=read_timeout_s)
+        super().__init__(host, port, "turnrl-tool-server", token=token, read_timeout_s=read_timeout_s,
+                         max_threads=max_threads)
         self.tools: dict[str, Tool] = tool_map(tools)
         self.executor_options = {kind: dict(opts) for kind, opts in (executor_options or {}).items()}
-        self._sessions: dict[str, set[str]] = {}  # session -> executor kinds its calls used
+        self._sessions: dict[str, set[str]] = {}  # session -> executor kinds (other than inprocess) its calls used
         self._lock = threading.Lock()
+        self._counts_lock = threading.Lock()
         self.status_counts: Counter[int] = Counter()
-        """HTTP status -> responses sent (e.g. ``status_counts[503]``), for monitoring."""
+        """HTTP status -> responses sent (e.g. ``status_counts[503]``), for monitoring; every reply
+        of the app counts, refusals included (not the 400 of a request that is not HTTP at all)."""
 
     @property
     def url(self) -> str:
@@ -135,17 +197,6 @@ class ToolServer(JSONServer):
             raise RuntimeError("ToolServer is not running; call start() (or use it as a context manager) first")
         return super().url
 
-    def start(self) -> ToolServer:
-        """Bind the port and serve in a daemon thread; returns ``self``.
-
-        Raises:
-            RuntimeError: If already running.
-            OSError: If the address cannot be bound (e.g. the port is taken).
-        """
-        if self.running:
-            raise RuntimeError(f"ToolServer is already running at {self.url}")
-        return super().start()
-
     def stop(self) -> None:
         """Stop serving now: close the port and every open connection (calls in flight get a
         closed connection, which clients see as a failure), and close the sessions' resources.
@@ -156,35 +207,53 @@ class ToolServer(JSONServer):
         for session, kinds in sessions.items():
             self._close_on_executors(session, kinds)
 
-    # -- request handling (called from the handler threads) -----------------------------------
+    def build_app(self) -> FastAPI:
+        """The routes of the protocol on ``turnrl.serving.service_app``."""
+        app = service_app(title="tool server", token=self._token, max_body_bytes=MAX_BODY_BYTES,
+                          endpoints=ENDPOINTS, logger=log)
+        app.add_middleware(_CountStatus, counts=self.status_counts, lock=self._counts_lock)  # outermost: 401s count
+        _show_examples(app, {"/call": CALL_EXAMPLE, "/close_session": CLOSE_EXAMPLE})
 
-    def handle_call(self, body: Any) -> dict:
-        """Run the call described by a decoded ``/call`` body; the 200 payload.
+        @app.get("/tools")
+        def tools() -> JSONReply:
+            return JSONReply([t.schema() for t in self.tools.values()])
+
+        @app.post("/call")
+        def call(request: CallRequest) -> JSONReply:
+            return JSONReply(self.handle_call(request))
+
+        @app.post("/close_session")
+        def close_session(request: CloseSessionRequest) -> JSONReply:
+            return JSONReply(self.handle_close(request))
+
+        return app
+
+    # -- request handling (called from the worker threads) ------------------------------------
+
+    def handle_call(self, request: CallRequest) -> dict:
+        """Run one call; the 200 payload ``{"content", "error"}``.
 
         Raises:
-            HTTPError: For a malformed body (400), an unknown tool (404) or an ``"unavailable"``
-                result (503).
+            APIError: For an unknown tool (404 ``unknown_tool``) or an ``"unavailable"`` result
+                (503 ``unavailable``).
         """
-        call, session = _parse_call(body)
+        call = ToolCall(request.name, request.arguments)
         checked = check_call(call, self.tools)
         if isinstance(checked, ToolResult):
             if checked.error == "unknown_tool":
-                raise HTTPError(404, "unknown_tool", message=checked.content, tools=sorted(self.tools))
+                raise APIError(404, checked.content, type="unknown_tool", param="name", tools=sorted(self.tools))
             return {"content": checked.content, "error": checked.error}
-        result = self._run(checked, call, session)
+        result = self._run(checked, call, request.session)
         if result.unavailable:  # not the call's fault, maybe transient: clients retry
-            raise HTTPError(503, "unavailable", message=result.content)
+            raise APIError(503, result.content, type="unavailable")
         return {"content": result.content, "error": result.error}
 
-    def handle_close(self, body: Any) -> dict:
-        """Close a session named by a decoded ``/close_session`` body; the 200 payload."""
-        if not isinstance(body, dict) or set(body) != {"session"} or not isinstance(body["session"], str):
-            raise HTTPError(400, "bad_request", message='the body must be a JSON object {"session": str}')
-        session = body["session"]
+    def handle_close(self, request: CloseSessionRequest) -> dict:
+        """Close a session (whoever asks: see Sessions in the module docstring); the 200 payload."""
         with self._lock:
-            kinds = self._sessions.pop(session, set())
-        self._close_on_executors(session, kinds)
-        return {"closed": session}
+            kinds = self._sessions.pop(request.session, set())
+        self._close_on_executors(request.session, kinds)
+        return {"closed": request.session}
 
     def _run(self, chosen: Tool, call: ToolCall, session: str) -> ToolResult:
         if chosen.executor == "inprocess":
@@ -209,80 +278,43 @@ class ToolServer(JSONServer):
             try:
                 get_executor(kind, **self.executor_options.get(kind, {})).close_session(session)
             except Exception:  # best effort: a failing close must not break the others
-                pass
-
-    def _count(self, status: int) -> None:
-        with self._lock:
-            self.status_counts[status] += 1
+                log.warning("closing session %r on the %s executor failed", session, kind, exc_info=True)
 
 
-def _parse_call(body: Any) -> tuple[ToolCall, str]:
-    def bad(message: str) -> HTTPError:
-        example = '{"name": "calculator", "arguments": {"expression": "1+2"}, "session": "episode-1"}'
-        return HTTPError(400, "bad_request", message=f"{message}; send e.g. {example}")
+class _CountStatus:
+    """ASGI middleware: ``counts[status] += 1`` for every reply that starts."""
 
-    if not isinstance(body, dict):
-        raise bad(f"the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(_CALL_KEYS))
-    if unknown:
-        raise bad(f"unknown keys {unknown}; the keys are {list(_CALL_KEYS)}")
-    name = body.get("name")
-    if not isinstance(name, str) or not name:
-        raise bad(f'"name" must be a non-empty string, got {name!r}')
-    arguments = body.get("arguments", {})
-    if not isinstance(arguments, dict):
-        raise bad(f'"arguments" must be a JSON object, got {type(arguments).__name__}')
-    session = body.get("session", "")
-    if not isinstance(session, str):
-        raise bad(f'"session" must be a string, got {type(session).__name__}')
-    return ToolCall(name, arguments), session
+    def __init__(self, app: Callable, *, counts: Counter[int], lock: threading.Lock) -> None:
+        self.app, self.counts, self.lock = app, counts, lock
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                with self.lock:
+                    self.counts[message["status"]] += 1
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
-class _Handler(JSONHandler):
-    """One connection of a ``ToolServer`` (HTTP/1.1 keep-alive; a connection idle for
-    ``read_timeout_s`` closes). Quiet: one log line per request would flood rollouts."""
+def _show_examples(app: FastAPI, examples: Mapping[str, Any]) -> None:
+    """Append ``send e.g. <example>`` to the 400 for a body that fails its model, by path."""
+    base = app.exception_handlers[RequestValidationError]
 
-    server_version = "turnrl-tool-server"
-    max_body_bytes = MAX_BODY_BYTES
-    json_server: ToolServer
+    async def invalid(request: Request, e: Exception) -> Any:
+        reply = await base(request, e)
+        example = examples.get(request.url.path)
+        if example is None:
+            return reply
+        body = json.loads(reply.body)
+        body["error"]["message"] += f"; send e.g. {json.dumps(example)}"
+        return JSONReply(body, status_code=reply.status_code)
 
-    def route(self, method: str, path: str) -> Any:
-        server, path = self.json_server, path.rstrip("/")
-        routes = {"/tools": ("GET", lambda: [t.schema() for t in server.tools.values()]),
-                  "/call": ("POST", lambda: server.handle_call(self.read_json())),
-                  "/close_session": ("POST", lambda: server.handle_close(self.read_json()))}
-        if path not in routes:
-            raise self._not_found()
-        allowed, handler = routes[path]
-        if method != allowed:
-            raise HTTPError(405, "bad_request", message=f"{method} is not allowed on {path}; use {allowed}")
-        return handler()
-
-    def content_length(self) -> int:
-        if self.command == "POST" and "Content-Length" not in self.headers and "Transfer-Encoding" not in self.headers:
-            self.close_connection = True
-            raise HTTPError(411, "bad_request", message="send a Content-Length header with the JSON body")
-        return super().content_length()
-
-    def bad_request(self, status: int, message: str) -> HTTPError:
-        return HTTPError(status, "bad_request", message=message)
-
-    def too_large(self, length: int) -> HTTPError:
-        return HTTPError(413, "bad_request", message=f"the body has {length} bytes; the limit is {MAX_BODY_BYTES}")
-
-    def internal_error(self, e: Exception) -> HTTPError:
-        return HTTPError(500, "internal", message=f"the tool server failed: {type(e).__name__}: {e}")
-
-    def unauthorized(self) -> HTTPError:
-        return HTTPError(401, "unauthorized", message=super().unauthorized().error)
-
-    def send_json(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
-        self.json_server._count(status)
-        super().send_json(status, data, headers)
-
-    def _not_found(self) -> HTTPError:
-        return HTTPError(404, "not_found",
-                         message=f"no route {self.command} {self.path}; use GET /tools, POST /call or POST /close_session")
+    app.add_exception_handler(RequestValidationError, invalid)
 
 
 # -- command line ------------------------------------------------------------------------------

@@ -9,11 +9,17 @@ exponential backoff (never 4xx: the same request would be refused again). When e
 failed the result is ``"unavailable"`` (the infrastructure's failure, not the model's: the env
 ends the episode with ``ToolUnavailableError``), never an exception.
 
+The server's refusals are ``{"error": {"message", "type", ...}}`` (``turnrl.tools.serve``);
+the ``type`` tells the model's mistakes from the setup's: only a 404 of type
+``"unknown_tool"`` is the model's unknown tool (an ``"unknown_tool"`` result listing the
+server's tools); a 404 of another type (the server has no such endpoint: a wrong URL or path
+prefix) is ``"unavailable"``, with a message saying the URL may be wrong.
+
 Tokens: the bearer token is read from the environment variable ``token_env`` names (default
 ``TURNRL_SERVER_TOKEN``; unset or empty: none is sent) when the executor is made, so env
 kwargs and configs hold the variable's name, never the secret. A 401 is no tool failure the
 model could act on but a wrong setup that refuses every call alike: it raises
-``RemoteToolTokenError`` (a ``turnrl.http_json.TokenRefusedError``, which the rollout
+``RemoteToolTokenError`` (a ``turnrl.serving.tokens.TokenRefusedError``, which the rollout
 collector lets through to stop the run) saying which variable to set.
 """
 
@@ -27,7 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 from urllib.parse import urlsplit
 
-from turnrl.http_json import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
+# the token helpers of the light module: turnrl.serving imports FastAPI and uvicorn, which a client does not need
+from turnrl.serving.tokens import DEFAULT_TOKEN_ENV, TokenRefusedError, auth_headers, refused_message
 from turnrl.tools.execute import ToolError, ToolResult, unavailable_result
 from turnrl.tools.executors.base import EXECUTORS, Executor
 from turnrl.tools.parsers import ToolCall
@@ -154,13 +161,15 @@ class RemoteExecutor(Executor):
 
     Each try is one ``POST {url}/call`` of ``{"name", "arguments", "session"}``. Connection
     errors, timeouts and 5xx answers are tried again after ``backoff_s``, ``2 * backoff_s``,
-    ``4 * backoff_s``, ... seconds, at most ``retries`` times; a 4xx answer is final (404 gives an
-    ``"unknown_tool"`` result with the server's list of names). A try that timed out may still
-    have run on the server, so a retried call can run twice: serve tools whose repeats are
-    harmless, or pass ``retries=0``. When all tries failed the result is ``"unavailable"``, with
-    a text saying the tool service did not answer and the last problem; so is an answer that
-    is not a result, and a tool with no server to go to. A 4xx answer is the call's failure
-    (``"exception"``). A 401 raises ``RemoteToolTokenError`` (see the module docstring).
+    ``4 * backoff_s``, ... seconds, at most ``retries`` times; a 4xx answer is final. A try that
+    timed out may still have run on the server, so a retried call can run twice: serve tools
+    whose repeats are harmless, or pass ``retries=0``. When all tries failed the result is
+    ``"unavailable"``, with a text saying the tool service did not answer and the last problem;
+    so is an answer that is not a result, a 404 that is not an unknown tool (no such endpoint:
+    the URL may be wrong), and a tool with no server to go to. A 404 of type ``"unknown_tool"``
+    gives an ``"unknown_tool"`` result with the server's list of names; another 4xx answer is
+    the call's failure (``"exception"``). A 401 raises ``RemoteToolTokenError`` (see the module
+    docstring).
     A call therefore takes at most about
     ``(retries + 1) * timeout_s + backoff_s * (2 ** retries - 1)`` seconds.
 
@@ -315,20 +324,33 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _server_message(response: httpx.Response) -> str:
+def _server_error(response: httpx.Response) -> tuple[str | None, str]:
+    """The ``type`` and ``message`` of an error reply ``{"error": {"message", "type", ...}}``
+    (type None, and the start of the body as the message, for a reply of another shape)."""
     try:
         payload = response.json()
     except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(payload, Mapping) and isinstance(payload.get("message"), str):
-        return payload["message"]
-    return str(payload)[:200]
+        return None, response.text[:200] or response.reason_phrase
+    error = payload.get("error") if isinstance(payload, Mapping) else None
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        kind = error.get("type")
+        return (kind if isinstance(kind, str) else None), error["message"]
+    return None, str(payload)[:200]
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The message of an error reply (see ``_server_error``)."""
+    return _server_error(response)[1]
 
 
 def _decode(response: httpx.Response, call: ToolCall, url: str) -> ToolResult:
     """The result of a final (non-5xx) answer."""
     if response.status_code == 404:
-        message = _server_message(response)
+        kind, message = _server_error(response)
+        if kind != "unknown_tool":  # no such endpoint: the setup's failure, not the model's
+            return unavailable_result(call, call.name, f"the server at {url} answered POST /call with HTTP 404 "
+                                                       f"({message}); the URL may be wrong: it must be the tool "
+                                                       "server's root, e.g. http://127.0.0.1:8000")
         if not message.startswith("Error:"):
             message = f"Error: the tool service at {url} does not know tool {call.name!r}: {message}"
         return ToolResult(call, message, "unknown_tool")

@@ -574,7 +574,7 @@ class SandboxExecutor(Executor):
         self.pool.give_back(sandbox, kept, version)
         returncode = got.status if got.status is not None else -signal.SIGKILL
         return verdict(got.output, returncode, got.killed, duration, self._effective,
-                       sigkill="memory" if got.oom else "cpu")
+                       sigkill=_sigkill_cause(got.oom, duration, self._effective.cpu_s))
 
     async def _run_cold(self, program: Program, session: str) -> RunResult:
         """``run`` in a sandbox started for this call alone. The launcher's pack starts with
@@ -646,7 +646,7 @@ class SandboxExecutor(Executor):
                     state_file.write_bytes(packed)
         returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         return verdict(output, returncode, killed[0] if killed else None, duration, self._effective,
-                       sigkill="memory" if oom else "cpu")
+                       sigkill=_sigkill_cause(oom, duration, self._effective.cpu_s))
 
     def _payload(self, program: Program, state: bytes, state_fd: int, warm: bool = False) -> bytes:
         """The launcher's input: a length-prefixed spec (JSON; marshalled for the warm server,
@@ -756,3 +756,14 @@ async def _feed(stdin: asyncio.StreamWriter, payload: bytes) -> None:
         stdin.close()
     except (BrokenPipeError, ConnectionResetError):
         pass
+
+
+def _sigkill_cause(oom: bool, duration: float, cpu_s: float) -> LimitHit | None:
+    """The limit a SIGKILL the executor did not send means: ``memory`` after an OOM kill;
+    ``cpu`` (the hard RLIMIT_CPU) only when the run lasted long enough to have used ``cpu_s``
+    of CPU on this machine's cores; else None, the program killed itself or its parent (e.g.
+    ``kill -9 $$``) and is told the signal."""
+    if oom:
+        return "memory"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return "cpu" if duration * cores >= cpu_s else None

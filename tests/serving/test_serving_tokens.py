@@ -1,5 +1,5 @@
-"""``turnrl.http_json``: the bearer-token check every turnrl server shares, on a real server
-(``JSONServer`` with a small real handler, bound to all interfaces and reached over loopback).
+"""``turnrl.serving``: the bearer-token check every turnrl server shares, on a real server
+(an ``HTTPService`` with one small real route, bound to all interfaces and reached over loopback).
 
 The per-server tests (env, tool and policy servers, their clients and command lines) are in
 ``tests/envs/test_remote_env.py``, ``tests/tools/test_remote_tools.py`` and
@@ -11,25 +11,38 @@ import json
 import httpx
 import pytest
 
-from turnrl.http_json import (JSONHandler, JSONServer, check_token, is_loopback, refused_message, server_token,
-                              token_from_env)
+from fastapi import Request
+
+from turnrl.serving import (HTTPService, JSONReply, check_token, is_loopback, refused_message, server_token,
+                            service_app, token_from_env)
 
 TOKEN = "tok-3f9a2b7c1d"
 
 
-class EchoHandler(JSONHandler):
-    """Replies with the method, path and body length of each request."""
+class Echo(HTTPService):
+    """Replies to GET and POST on any path with the method, path and body length."""
 
-    def route(self, method, path):
-        if path == "/health":
-            return {"status": "ok"}
-        return {"method": method, "path": path, "body_bytes": len(self.read_body())}
+    def __init__(self, host, token=None):
+        super().__init__(host, 0, "echo", token=token)
+
+    def build_app(self):
+        import logging
+
+        app = service_app(title="echo server", token=self._token, max_body_bytes=1 << 20, endpoints="any",
+                          logger=logging.getLogger("echo"))
+
+        @app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def echo(request: Request, path: str):
+            body = await request.body()
+            return JSONReply({"method": request.method, "path": f"/{path}", "body_bytes": len(body)})
+
+        return app
 
 
 @pytest.fixture
 def served():
     """A token-guarded server on 0.0.0.0 (every interface: not loopback) and its loopback URL."""
-    with JSONServer("0.0.0.0", 0, EchoHandler, "echo", token=TOKEN) as server:
+    with Echo("0.0.0.0", token=TOKEN) as server:
         yield f"http://127.0.0.1:{server.port}"
 
 
@@ -45,8 +58,8 @@ def test_a_non_loopback_bind_without_a_token_is_refused_saying_how_to_set_one():
     for host in ("0.0.0.0", "192.0.2.2", ""):
         with pytest.raises(ValueError, match=rf"refusing to serve on '{host}' without a token.*"
                                              r"export TURNRL_SERVER_TOKEN=.*or bind 127\.0\.0\.1"):
-            JSONServer(host, 0, EchoHandler, "echo")
-    with JSONServer("127.0.0.1", 0, EchoHandler, "echo") as server:  # loopback: a token is optional
+            Echo(host)
+    with Echo("127.0.0.1") as server:  # loopback: a token is optional
         assert httpx.get(f"{server.url}/x").json()["path"] == "/x"
 
 
@@ -58,10 +71,11 @@ def test_requests_without_the_right_token_get_401_with_www_authenticate(served):
             reply = httpx.request(method, f"{served}/anything", headers=headers, json={"a": 1})
             assert reply.status_code == 401, (method, headers)
             assert reply.headers["WWW-Authenticate"] == "Bearer"
-            assert "send 'Authorization: Bearer <token>'" in reply.json()["error"]
+            assert "send 'Authorization: Bearer <token>'" in reply.json()["error"]["message"]
             assert TOKEN not in reply.text
     ok = httpx.post(f"{served}/anything", headers={"Authorization": f"Bearer {TOKEN}"}, content=b'{"a": 1}')
     assert ok.json() == {"method": "POST", "path": "/anything", "body_bytes": 8}
+    assert reply.json()["error"]["type"] == "authentication_error" and reply.json()["error"]["code"] == 401
     assert httpx.get(f"{served}/x", headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200  # any case
 
 
@@ -95,7 +109,7 @@ def test_tokens_must_fit_a_header_and_the_message_never_shows_them(monkeypatch):
             check_token(bad, "the environment variable X")
         assert not bad or bad not in str(err.value)
         with pytest.raises(ValueError):
-            JSONServer("127.0.0.1", 0, EchoHandler, "echo", token=bad)
+            Echo("127.0.0.1", token=bad)
     monkeypatch.setenv("TURNRL_TEST_TOKEN", f"{TOKEN}\n")
     with pytest.raises(ValueError, match="the environment variable TURNRL_TEST_TOKEN holds whitespace"):
         token_from_env("TURNRL_TEST_TOKEN")
