@@ -37,8 +37,8 @@ class Bare(HTTPService):
     """``/raw`` decodes its body with ``json.loads`` itself; ``/item`` takes a pydantic model;
     ``/bug`` is a bug of the server."""
 
-    def __init__(self, read_timeout_s=30.0):
-        super().__init__("127.0.0.1", 0, "bare", read_timeout_s=read_timeout_s)
+    def __init__(self, read_timeout_s=30.0, max_connections=4096):
+        super().__init__("127.0.0.1", 0, "bare", read_timeout_s=read_timeout_s, max_connections=max_connections)
 
     def build_app(self):
         app = service_app(title="bare server", token=None, max_body_bytes=1 << 16, endpoints="POST /raw, POST /item",
@@ -202,6 +202,22 @@ def test_a_slow_route_is_not_cut_by_the_read_deadline():
 
     with Slow(read_timeout_s=0.3) as server:
         assert httpx.post(f"{server.url}/slow", json={}, timeout=10).json() == {"done": True}
+
+
+def test_connections_beyond_the_cap_get_503_and_the_server_serves_on():
+    with Bare(max_connections=3) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        time.sleep(0.2)  # the server has accepted them
+        status, headers, body = exchange(server.port, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert status == 503 and headers["connection"] == "close", body
+        assert "holds 3 connections" in error_of(body)["message"] and error_of(body)["type"] == "overloaded_error"
+        held.pop().close()
+        time.sleep(0.2)
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+        for sock in held:
+            sock.close()
+    with pytest.raises(ValueError, match="max_connections must be a positive int or None"):
+        Bare(max_connections=0)
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ arrive whole (request line, headers and body) within ``read_timeout_s`` of the m
 connection was ready for it (accepted, or the previous reply sent); else the connection is
 closed. So an idle keep-alive connection, a body shorter than its ``Content-Length`` or one
 trickled in byte by byte holds nothing for longer than that. A request that has arrived
-takes as long as its route needs.
+takes as long as its route needs. At most ``max_connections`` connections are open at once: a
+new one beyond them is answered 503 in the error format and closed.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from turnrl.serving.errors import error_body
 from turnrl.serving.tokens import check_token, require_token
 
-__all__ = ["DEFAULT_READ_TIMEOUT_S", "DeadlineH11", "HTTPService"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S", "DeadlineH11", "HTTPService"]
 
 DEFAULT_READ_TIMEOUT_S = 30.0
 """Seconds a connection may take to deliver its next whole request (``HTTPService.read_timeout_s``)."""
+DEFAULT_MAX_CONNECTIONS = 4096
+"""Connections a server holds open at once; one more is answered 503 and closed."""
 
 
 class DeadlineH11(H11Protocol):
@@ -56,9 +59,15 @@ class DeadlineH11(H11Protocol):
     """
 
     _deadline: asyncio.TimerHandle | None = None
+    max_connections: int | None = None
+    """Connections open at once beyond which a new one gets 503 and is closed (None: no cap)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.max_connections is not None and len(self.connections) > self.max_connections:
+            self._refuse(503, f"the server holds {self.max_connections} connections, its most (--max-connections); "
+                              "close idle connections or retry shortly")
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:  # headers and body leave in two writes: no 40 ms Nagle / delayed-ACK stall
             with contextlib.suppress(OSError):
@@ -85,18 +94,26 @@ class DeadlineH11(H11Protocol):
             self.transport.close()  # the request is not whole in time (a route at work is never cut)
 
     def send_400_response(self, msg: str) -> None:
-        body = json.dumps(error_body(
-            400, "the request is not HTTP/1.1 this server reads (a malformed request line or header; a "
-                 "Content-Length must be one non-negative integer, the body's size in bytes); send HTTP/1.1 with a "
-                 "Content-Length")).encode()
-        response = h11.Response(status_code=400, reason=b"Bad Request", headers=[
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")])
-        try:
-            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
-        except h11.LocalProtocolError:  # a reply was already under way: just close
-            pass
+        self._refuse(400, "the request is not HTTP/1.1 this server reads (a malformed request line or header; a "
+                          "Content-Length must be one non-negative integer, the body's size in bytes); send HTTP/1.1 "
+                          "with a Content-Length")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` in the servers' error format and close the connection."""
+        body = json.dumps(error_body(status, message)).encode()
+        if self.conn.our_state is h11.IDLE and self.conn.their_state is not h11.IDLE:
+            response = h11.Response(status_code=status, headers=[
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close")])
+            events = [response, h11.Data(data=body), h11.EndOfMessage()]
+            try:
+                self.transport.write(b"".join(self.conn.send(e) or b"" for e in events))
+            except h11.LocalProtocolError:  # a reply was already under way: just close
+                pass
+        else:  # no request read yet (h11 cannot answer one it has not seen): write the reply as bytes
+            phrase = {400: b"Bad Request", 503: b"Service Unavailable"}.get(status, b"Error")
+            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                                 b"connection: close\r\n\r\n%s" % (status, phrase, len(body), body))
         self.transport.close()
 
 
@@ -117,6 +134,8 @@ class HTTPService:
         read_timeout_s: Seconds a connection may take to deliver its next whole request,
             counted from when it was accepted or its previous reply was sent; then it is closed.
         max_threads: Threads that run blocking routes at once.
+        max_connections: Connections open at once; a new one beyond them gets 503 and is
+            closed (None: no cap). Idle ones go after ``read_timeout_s``.
 
     Raises:
         ValueError: If ``host`` is not loopback and there is no token, the token is not
@@ -124,7 +143,8 @@ class HTTPService:
     """
 
     def __init__(self, host: str, port: int, name: str, *, token: str | None = None,
-                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, max_threads: int = 256) -> None:
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, max_threads: int = 256,
+                 max_connections: int | None = DEFAULT_MAX_CONNECTIONS) -> None:
         if token is not None:
             check_token(token)
         require_token(host, token)
@@ -133,6 +153,10 @@ class HTTPService:
         self.host, self.port, self._name = host, port, name
         self.read_timeout_s = float(read_timeout_s)
         self.max_threads = max_threads
+        if max_connections is not None and (isinstance(max_connections, bool) or not isinstance(max_connections, int)
+                                            or max_connections < 1):
+            raise ValueError(f"max_connections must be a positive int or None, got {max_connections!r}")
+        self.max_connections = max_connections
         self._token = token
         self._uvicorn: uvicorn.Server | None = None
         self._threads: list[threading.Thread] = []
@@ -181,7 +205,8 @@ class HTTPService:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.create_server((self.host, self.port), family=family, backlog=socket.SOMAXCONN)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.build_app(), http=DeadlineH11, lifespan="off", log_level="error", server_header=False,
+        protocol = type("DeadlineH11", (DeadlineH11,), {"max_connections": self.max_connections})
+        config = uvicorn.Config(self.build_app(), http=protocol, lifespan="off", log_level="error", server_header=False,
                                 access_log=False, timeout_keep_alive=self.read_timeout_s,  # type: ignore[arg-type]
                                 timeout_graceful_shutdown=1, ws="none")
         server = uvicorn.Server(config)
