@@ -433,27 +433,27 @@ class PolicyServer(HTTPService):
                           endpoints=_ENDPOINTS, logger=log)
 
         @app.get("/v1/models")
-        def models() -> JSONReply:
+        async def models() -> JSONReply:
             return JSONReply(self.models())
 
         @app.get("/stats")
-        def stats() -> JSONReply:
+        async def stats() -> JSONReply:
             return JSONReply(self.stats())
 
         @app.post("/v1/completions")
-        def completions(body: CompletionRequest) -> JSONReply:
-            return JSONReply(self.completions(body))
+        async def completions(body: CompletionRequest) -> JSONReply:  # waits for its rows in a worker thread
+            return JSONReply(await self.blocking(self.completions, body))
 
         @app.post("/v1/chat/completions")
-        def chat_completions(body: ChatCompletionRequest) -> JSONReply:
-            return JSONReply(self.chat_completions(body))
+        async def chat_completions(body: ChatCompletionRequest) -> JSONReply:  # waits for its rows in a worker thread
+            return JSONReply(await self.blocking(self.chat_completions, body))
 
         @app.post("/collective_rpc")
-        def collective_rpc(body: CollectiveRPCRequest) -> JSONReply:
-            return JSONReply(self.collective_rpc(body))
+        async def collective_rpc(body: CollectiveRPCRequest) -> JSONReply:  # waits for its rows in a worker thread
+            return JSONReply(await self.blocking(self.collective_rpc, body))
 
         @app.post("/reset_prefix_cache")
-        def reset_prefix_cache() -> JSONReply:
+        async def reset_prefix_cache() -> JSONReply:
             return JSONReply({"success": True})  # this server caches no KV
 
         return app

@@ -700,19 +700,20 @@ def _routes(server: EnvServer) -> FastAPI:
     app = service_app(title="env server", token=server._token, max_body_bytes=MAX_BODY_BYTES, endpoints=_ENDPOINTS,
                       logger=log)
 
+    # every route runs the env in a worker thread (env calls block); known() runs on the loop
     @app.get("/info")
-    def info() -> JSONReply:
-        return JSONReply(server.info())
+    async def info() -> JSONReply:
+        return JSONReply(await server.blocking(server.info))
 
     @app.post("/sessions")
-    def create_session(body: CreateSession) -> JSONReply:
-        return JSONReply(server.create_session(body))
+    async def create_session(body: CreateSession) -> JSONReply:
+        return JSONReply(await server.blocking(server.create_session, body))
 
     @app.delete("/sessions/{sid}")
-    def delete_session(sid: str) -> JSONReply:
-        return JSONReply(server.delete_session(sid))
+    async def delete_session(sid: str) -> JSONReply:
+        return JSONReply(await server.blocking(server.delete_session, sid))
 
-    def known(sid: str) -> str:
+    async def known(sid: str) -> str:
         """The session id, or 404 before the body is read: an unknown session is the answer to
         any body sent to it."""
         with server._lock:
@@ -721,15 +722,15 @@ def _routes(server: EnvServer) -> FastAPI:
         raise _unknown_session(sid, server.session_ttl_s)
 
     @app.post("/sessions/{sid}/reset")
-    def reset(body: Reset, sid: str = Depends(known)) -> JSONReply:
-        return JSONReply(server.session_call(sid, "reset", body))
+    async def reset(body: Reset, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(await server.blocking(server.session_call, sid, "reset", body))
 
     @app.post("/sessions/{sid}/step")
-    def step(body: Step, sid: str = Depends(known)) -> JSONReply:
-        return JSONReply(server.session_call(sid, "step", body))
+    async def step(body: Step, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(await server.blocking(server.session_call, sid, "step", body))
 
     @app.post("/sessions/{sid}/player")
-    def player(body: Player, sid: str = Depends(known)) -> JSONReply:
-        return JSONReply(server.session_call(sid, "player", body))
+    async def player(body: Player, sid: str = Depends(known)) -> JSONReply:
+        return JSONReply(await server.blocking(server.session_call, sid, "player", body))
 
     return app

@@ -6,10 +6,11 @@ the routes, and the exception handlers here):
 * ``GET /health`` -> ``{"status": "ok"}``, open without a token (a liveness probe).
 * A bearer token, checked in constant time, on every other request when the server has one:
   401 with ``WWW-Authenticate: Bearer`` without it.
-* Framing: a ``Transfer-Encoding`` (chunked) body -> 411; a ``Content-Length`` of more than
-  18 digits -> 400; a body over the server's ``max_body_bytes`` -> 413 (the rest of it is
-  dropped and the connection closes); a malformed request line, header or ``Content-Length``
-  -> 400 from the protocol layer (``turnrl.serving.server``), in the same format.
+* Framing: more than 100 header fields -> 431; a ``Transfer-Encoding`` (chunked) body ->
+  411; a ``Content-Length`` of more than 18 digits -> 400; a body over the server's
+  ``max_body_bytes`` -> 413 (the rest of it is dropped, or the connection closes); a
+  malformed request line, header or ``Content-Length``, or a method HTTP does not define ->
+  400 from the protocol layer (``turnrl.serving.server``), in the same format.
 * JSON: a body that is not UTF-8 JSON, nests deeper than 64 levels or holds an integer of
   more than 4300 digits -> 400, before any route sees it; an empty body is ``{}``. A body
   that fails the route's pydantic model -> 400 naming the field (``param``) and the rule.
@@ -43,6 +44,8 @@ from turnrl.serving.tokens import DEFAULT_TOKEN_ENV
 __all__ = ["Guard", "JSONReply", "service_app"]
 
 _CONTENT_LENGTH = re.compile(rb"[0-9]{1,18}")
+MAX_HEADERS = 100
+"""Most header fields a request may carry (431 beyond)."""
 _DRAIN_BYTES = 16 << 20
 """A too large body up to this size is read and dropped, so the client can read the 413 and
 reuse its connection; a larger one closes the connection unread."""
@@ -95,11 +98,16 @@ class Guard:
             return
         headers = scope["headers"]
         method, path = scope["method"], scope["path"]
+        if len(headers) > MAX_HEADERS:
+            await _error(431, f"the request has {len(headers)} header fields; at most {MAX_HEADERS} are accepted",
+                         {"Connection": "close"})(scope, receive, send)
+            return
         if scope.get("http_version") not in ("1.0", "1.1"):
             await _error(400, f"HTTP/{scope.get('http_version')} is not served here; send HTTP/1.1",
                          {"Connection": "close"})(scope, receive, send)
             return
-        if not (method == "GET" and path in self.open_paths) and not self.authorized(_header(headers, b"authorization")):
+        open_path = method == "GET" and path in self.open_paths
+        if not open_path and not self.authorized(_header(headers, b"authorization")):
             await _error(401, "missing or wrong token: send 'Authorization: Bearer <token>' with the token the server "
                               f"was started with (the variable its --token-env names, {self.token_env} by default)",
                          {"WWW-Authenticate": "Bearer", **_close_unless_small(headers, self.max_body_bytes)})(
@@ -257,7 +265,8 @@ def _problem(error: dict) -> tuple[str | None, str]:
     if not loc and where == "body" and error.get("type") in ("model_type", "model_attributes_type", "dict_type"):
         return None, f"the body must be a JSON object, got {_json_type(value)}"
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
-    got = f" (got {json.dumps(value, default=str)[:80]})" if error.get("type") != "missing" and value is not None else ""
+    shown = error.get("type") != "missing" and value is not None
+    got = f" (got {json.dumps(value, default=str)[:80]})" if shown else ""
     return param, f"{error.get('msg', 'invalid')}{got}"
 
 

@@ -26,10 +26,10 @@ MAX_JSON_DEPTH = 64
 _TOO_MANY_DIGITS = "integer string conversion"
 """In the ValueError of Python's ``int`` for a number of more than ``sys.get_int_max_str_digits()`` digits."""
 
-ERROR_TYPES: dict[int, str] = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                               404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
-                               409: "conflict_error", 411: "invalid_request_error", 413: "invalid_request_error",
-                               429: "rate_limit_error", 503: "overloaded_error"}
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 408: "timeout_error", 409: "conflict_error", 411: "invalid_request_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error", 503: "overloaded_error"}
 """The ``type`` of a refusal that names no kind of its own, by status (5xx: ``server_error``)."""
 
 

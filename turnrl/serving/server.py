@@ -6,11 +6,12 @@ serves on an event loop of its own thread, next to any worker threads the server
 connection, as a dead server would give them) and joins the threads; use it as a context
 manager; ``url`` is ``http://HOST:PORT``.
 
-Routes written as plain ``def`` run in a thread pool of ``max_threads`` threads, so blocking
-work (an env step, a sandboxed tool call) never stalls the event loop; requests beyond that
+Blocking work (an env step, a sandboxed tool call) runs in a pool of ``max_threads`` worker
+threads (``await self.blocking(fn, *args)`` in an ``async def`` route; a plain ``def`` route
+runs in anyio's pool of the same size), so it never stalls the event loop; calls beyond that
 wait for a thread.
 
-Slow clients (``DeadlineH11``, uvicorn's h11 protocol with one more timer): a request must
+Slow clients (``DeadlineProtocol``, uvicorn's httptools protocol with one more timer): a request must
 arrive whole (request line, headers and body) within ``read_timeout_s`` of the moment its
 connection was ready for it (accepted, or the previous reply sent); else the connection is
 closed. So an idle keep-alive connection, a body shorter than its ``Content-Length`` or one
@@ -23,24 +24,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self
 
 import anyio.to_thread
-import h11
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from turnrl.serving.errors import error_body
 from turnrl.serving.tokens import check_token, require_token
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S", "DeadlineH11", "HTTPService"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S", "DeadlineProtocol", "HTTPService"]
 
 DEFAULT_READ_TIMEOUT_S = 30.0
 """Seconds a connection may take to deliver its next whole request (``HTTPService.read_timeout_s``)."""
@@ -48,19 +50,23 @@ DEFAULT_MAX_CONNECTIONS = 4096
 """Connections a server holds open at once; one more is answered 503 and closed."""
 
 
-class DeadlineH11(H11Protocol):
-    """uvicorn's h11 protocol, with a deadline for each whole request and JSON protocol errors.
+class DeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline for each whole request, a connection cap
+    and protocol errors in the servers' error format.
 
     The deadline (``config.timeout_keep_alive`` seconds, which ``HTTPService`` sets to its
     ``read_timeout_s``) starts when the connection is made and again when a reply is sent;
-    when it passes before the request is whole, the connection is closed. A request the
-    protocol cannot read (a malformed request line, header or ``Content-Length``) gets a 400
-    in the servers' error format and the connection closes.
+    when it passes before the next request is whole, the connection is closed (a route at work
+    is never cut). A connection beyond ``max_connections`` gets 503 and is closed. A request
+    the parser cannot read (a malformed request line, header or ``Content-Length``) gets 400;
+    both replies are JSON in the servers' error format.
     """
 
-    _deadline: asyncio.TimerHandle | None = None
     max_connections: int | None = None
     """Connections open at once beyond which a new one gets 503 and is closed (None: no cap)."""
+    _deadline: asyncio.TimerHandle | None = None
+    _whole = False
+    """Whether the request being served has arrived whole (set by the parser's callbacks)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,9 +80,19 @@ class DeadlineH11(H11Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()
 
+    def on_message_begin(self) -> None:
+        self._whole = False
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._whole = True
+        super().on_message_complete()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
+            # the next request's time starts now (unless a pipelined one already began)
+            self._whole = self.cycle is not None and not self.cycle.response_complete and self._whole
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -90,8 +106,8 @@ class DeadlineH11(H11Protocol):
         self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
 
     def _expire(self) -> None:
-        if self.conn.their_state is not h11.DONE and not self.transport.is_closing():
-            self.transport.close()  # the request is not whole in time (a route at work is never cut)
+        if not self._whole and not self.transport.is_closing():
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, "the request is not HTTP/1.1 this server reads (a malformed request line or header; a "
@@ -101,19 +117,9 @@ class DeadlineH11(H11Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` in the servers' error format and close the connection."""
         body = json.dumps(error_body(status, message)).encode()
-        if self.conn.our_state is h11.IDLE and self.conn.their_state is not h11.IDLE:
-            response = h11.Response(status_code=status, headers=[
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close")])
-            events = [response, h11.Data(data=body), h11.EndOfMessage()]
-            try:
-                self.transport.write(b"".join(self.conn.send(e) or b"" for e in events))
-            except h11.LocalProtocolError:  # a reply was already under way: just close
-                pass
-        else:  # no request read yet (h11 cannot answer one it has not seen): write the reply as bytes
-            phrase = {400: b"Bad Request", 503: b"Service Unavailable"}.get(status, b"Error")
-            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                                 b"connection: close\r\n\r\n%s" % (status, phrase, len(body), body))
+        phrase = {400: b"Bad Request", 503: b"Service Unavailable"}.get(status, b"Error")
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, phrase, len(body), body))
         self.transport.close()
 
 
@@ -162,6 +168,7 @@ class HTTPService:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._failure: BaseException | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---------------------------------------------------------------- to override
@@ -175,6 +182,11 @@ class HTTPService:
 
     def _on_stop(self) -> None:
         """Called by ``stop()`` once the port is closed, before joining the threads."""
+
+    async def blocking(self, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """``fn(*args)`` run in one of the server's ``max_threads`` worker threads (for a route
+        that blocks: an env step, a tool call), awaited on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -205,13 +217,14 @@ class HTTPService:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.create_server((self.host, self.port), family=family, backlog=socket.SOMAXCONN)
         self.port = sock.getsockname()[1]
-        protocol = type("DeadlineH11", (DeadlineH11,), {"max_connections": self.max_connections})
+        protocol = type("DeadlineProtocol", (DeadlineProtocol,), {"max_connections": self.max_connections})
         config = uvicorn.Config(self.build_app(), http=protocol, lifespan="off", log_level="error", server_header=False,
                                 access_log=False, timeout_keep_alive=self.read_timeout_s,  # type: ignore[arg-type]
                                 timeout_graceful_shutdown=1, ws="none")
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the host's, not ours
         self._uvicorn, self._failure, self._loop = server, None, None
+        self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix=f"{self._name}-worker")
         self._stopping.clear()
         serving = threading.Thread(target=self._serve, args=(server, sock), name=f"{self._name}-{self.port}",
                                    daemon=True)
@@ -256,6 +269,8 @@ class HTTPService:
         self._on_stop()
         for t in self._threads:
             t.join(timeout=5)
+        if self._pool is not None:  # a call still running keeps its thread; nothing waits for it
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self._uvicorn, self._threads = None, []
 
     def __enter__(self) -> Self:

@@ -215,16 +215,16 @@ class ToolServer(HTTPService):
         _show_examples(app, {"/call": CALL_EXAMPLE, "/close_session": CLOSE_EXAMPLE})
 
         @app.get("/tools")
-        def tools() -> JSONReply:
+        async def tools() -> JSONReply:
             return JSONReply([t.schema() for t in self.tools.values()])
 
         @app.post("/call")
-        def call(request: CallRequest) -> JSONReply:
-            return JSONReply(self.handle_call(request))
+        async def call(request: CallRequest) -> JSONReply:  # the tool runs in a worker thread
+            return JSONReply(await self.blocking(self.handle_call, request))
 
         @app.post("/close_session")
-        def close_session(request: CloseSessionRequest) -> JSONReply:
-            return JSONReply(self.handle_close(request))
+        async def close_session(request: CloseSessionRequest) -> JSONReply:
+            return JSONReply(await self.blocking(self.handle_close, request))
 
         return app
 
