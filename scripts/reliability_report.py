@@ -1381,8 +1381,8 @@ def _load_note(c: dict) -> str:
             f"the server {f['server_cpu_cores']} cores ({f['server_cpu_ms_per_request']:g} ms per request), the "
             f"clients {f['client_cpu_cores']} ({f['client_cpu_ms_per_request']:g} ms per request), the machine's "
             f"other processes {f['other_processes_cpu_cores']}; "
-            f"bound by {f['bottleneck']}. The server is one Python process with a thread per connection, so it "
-            "uses one core at most. The clients are threads, one `RemoteEnv` each: `RemoteEnv.astep` runs `step` "
+            f"bound by {f['bottleneck']}. The server is one Python process (uvicorn's event loop, env calls in a "
+            "pool of worker threads), so it uses one core at most. The clients are threads, one `RemoteEnv` each: `RemoteEnv.astep` runs `step` "
             "on asyncio's default thread pool, whose few workers (cores + 4) would cap the concurrency.")
 
 
