@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test test-fast clean
+.PHONY: install train test test-fast lint clean
 
 $(STAMP): pyproject.toml
 	# bubblewrap (Debian package) is the sandbox for model-written code
@@ -35,6 +35,10 @@ install: $(STAMP)
 # Train the default agent on CPU, evaluate before/after on held-out tasks, print the table.
 train: $(STAMP)
 	$(BIN)/python -m turnrl.train $(ARGS)
+
+# The linter (ruff, rules in pyproject.toml); .ci/run runs it before the tests.
+lint: $(STAMP)
+	$(BIN)/python -m ruff check turnrl scripts tests
 
 # Everything (what CI runs).
 test: $(STAMP) $(VLLM_STAMP)

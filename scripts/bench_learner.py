@@ -48,7 +48,7 @@ def setup(rows: int):
                               rng=np.random.default_rng(i)) for i in range(rows)]
     batch = collate(trajs, tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+        lp, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     batch.old_logprobs = lp * batch.loss_mask
     advantages = torch.randn(rows, generator=torch.Generator().manual_seed(0))[:, None] * batch.loss_mask
     return model, batch, advantages

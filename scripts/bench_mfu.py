@@ -124,7 +124,7 @@ def build_batch(args, model) -> tuple[TrainBatch, torch.Tensor]:
     with torch.no_grad(), _autocast(args):
         for rows in torch.arange(n).split(args.micro_batch_size):
             mb = batch.rows(rows.to(args.device))
-            lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, score_mask=mb.loss_mask)
+            lp, _, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, score_mask=mb.loss_mask)
             batch.old_logprobs[rows.to(args.device)] = lp.float() * mb.loss_mask
     advantages = torch.randn(n, generator=g).to(args.device)[:, None] * batch.loss_mask
     return batch, advantages

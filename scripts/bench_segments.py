@@ -80,7 +80,7 @@ def step_seconds(model, trajectories: list[Trajectory], pad_id: int) -> float:
     for _ in range(4):
         model.zero_grad()
         t0 = time.perf_counter()
-        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+        lp, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
                                segments=batch.segment_index)
         (-(lp * batch.loss_mask).sum()).backward()
         times.append(time.perf_counter() - t0)

@@ -142,3 +142,31 @@ def test_serve_env_on_a_taken_port_exits_1():
         taken.listen()
         result = turnrl("serve-env", "turnrl/GuessNumber-v0", "--port", str(taken.getsockname()[1]))
     assert result.returncode == 1 and "cannot listen on 127.0.0.1:" in result.stderr and result.stdout == ""
+
+
+@pytest.mark.slow
+def test_baselines_takes_an_env_of_your_own_as_check_env_does(tmp_path):
+    (tmp_path / "my_envs.py").write_text(USER_ENVS)
+    for name in ("my_envs:SmallGuessEnv", "my_envs:mine/SmallGuess-v0"):
+        result = turnrl("baselines", name, "--episodes", "5", cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        row = next(line for line in result.stdout.splitlines() if "SmallGuess" in line)
+        expected = "| my_envs/SmallGuessEnv-v0 |" if name.endswith("Env") else "| mine/SmallGuess-v0 |"
+        assert row.startswith(expected), row
+    result = turnrl("baselines", "my_envs:Missing", cwd=tmp_path)
+    assert result.returncode == 2 and "module 'my_envs' has no env class named 'Missing'" in result.stderr
+
+
+def test_env_id_of_registers_a_class_of_your_own_once_and_serve_env_serves_it(tmp_path, monkeypatch):
+    from turnrl.envs.check import env_id_of
+    from turnrl.envs.server import EnvServer
+
+    (tmp_path / "my_envs_for_ids.py").write_text(USER_ENVS.replace("mine/SmallGuess-v0", "mine/SmallGuessIds-v0"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert env_id_of("turnrl/GuessNumber-v0") == "turnrl/GuessNumber-v0"
+    assert env_id_of("my_envs_for_ids:SmallGuessEnv") == "my_envs_for_ids/SmallGuessEnv-v0"
+    assert env_id_of("my_envs_for_ids:SmallGuessEnv") == "my_envs_for_ids/SmallGuessEnv-v0"  # registered once
+    assert env_id_of("my_envs_for_ids:mine/SmallGuessIds-v0") == "mine/SmallGuessIds-v0"
+    with EnvServer(env_id_of("my_envs_for_ids:SmallGuessEnv")) as server:
+        assert server.info()["env_id"] == "my_envs_for_ids/SmallGuessEnv-v0"
+

@@ -7,6 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from turnrl.agents.chat_format import detect
+from turnrl.agents.tokenizer import CHAT_TEMPLATE
+
 from turnrl.conf.schema import Config
 from turnrl.trainer import train
 
@@ -66,6 +69,11 @@ def test_grpo_run_moves_every_parameter_and_leaves_its_outputs(tmp_path, env_id,
                 "truncation_rate", "entropy", "kl", "clip_frac", "unique_ngram_rate", "step_time"):
         assert key in train_rows[0], key
     assert (tmp_path / "summary.txt").read_text().strip().splitlines()[-1].startswith("held-out success: before ")
+    # what `auto` chose for the tiny model's template (a Qwen-style one: hermes calls)
+    chat = json.loads((tmp_path / "chat.json").read_text())
+    assert chat["asked"] == {"chat_format": "auto", "tool_parser": "auto"}
+    detected = detect(CHAT_TEMPLATE)
+    assert (chat["chat_format"], chat["tool_parser"]) == (detected.name, detected.tool_parser), chat
 
 
 def test_training_from_a_saved_checkpoint_path_uses_the_same_code_path(tmp_path):
@@ -136,6 +144,13 @@ def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
             warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="turnrl.record"):
+        warn_once({"context_limit_rate": 0.2}, cfg, warned)  # below a quarter: quiet
+        for _ in range(2):
+            warn_once({"context_limit_rate": 0.5}, cfg, warned)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "agent.max_context_tokens=1024" in messages[0], messages
 
 
 def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp_path):

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from turnrl.envs import check, registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
-from turnrl.envs.check import UnknownEnvError
+from turnrl.envs.check import UnknownEnvError, env_id_of
 from turnrl.serving import DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, server_token
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Play scripted players on registered envs and print a markdown table of "
                     "success rates (mean turns in parentheses).",
     )
-    baselines.add_argument("env_ids", nargs="*", help="env ids (default: every registered turnrl env)")
+    baselines.add_argument("env_ids", nargs="*", help="registered ids or envs of your own (module:ClassName, "
+                                                      "module:env-id; default: every registered turnrl env)")
     baselines.add_argument("--episodes", type=_positive_int, default=200, help="episodes per player (default 200)")
     baselines.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
     baselines.set_defaults(run=_baselines)
@@ -138,7 +139,8 @@ def _parser() -> argparse.ArgumentParser:
                     "executor_options=...) are the server's; clients may pass only tool_parser, max_turns, the "
                     "env's own client_kwargs and the names --client-kwarg adds.",
     )
-    serve.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs)")
+    serve.add_argument("env_id", help="a registered id, e.g. turnrl/GuessNumber-v0 (see list-envs), or an env of your "
+                                      "own: module:ClassName or module:env-id")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; 0.0.0.0: all)")
     serve.add_argument("--port", type=_port, default=0, help="TCP port (default 0: a free port, printed)")
     serve.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
@@ -203,8 +205,8 @@ def _parser() -> argparse.ArgumentParser:
                             + ", ".join(f"{a} {t}" for a, t in MODEL_ARCHS.items()) + ")")
     model.add_argument("--out", required=True, help="folder to write the checkpoint to (created)")
     model.add_argument("--env", default="turnrl/CalcMath-v0",
-                       help="registered env whose scripted episodes the tokenizer is trained on (default "
-                            "turnrl/CalcMath-v0)")
+                       help="env whose scripted episodes the tokenizer is trained on: a registered id or "
+                            "module:ClassName / module:env-id (default turnrl/CalcMath-v0)")
     model.add_argument("--corpus-episodes", type=_positive_int, default=50,
                        help="scripted episodes per split and player for the tokenizer's corpus (default 50)")
     model.add_argument("--vocab-size", type=_positive_int, default=3000, help="BPE vocabulary bound (default 3000)")
@@ -289,10 +291,10 @@ def _list_envs(args: argparse.Namespace) -> int:
 
 
 def _baselines(args: argparse.Namespace) -> int:
-    env_ids = args.env_ids or registered_env_ids()
-    unknown = [e for e in env_ids if e not in registered_env_ids()]
-    if unknown:
-        print(f"turnrl baselines: error: unknown env ids {unknown}; see `turnrl list-envs`", file=sys.stderr)
+    try:  # registered ids, and envs of your own (module:ClassName, module:env-id) as check-env takes them
+        env_ids = [env_id_of(name) for name in args.env_ids] or registered_env_ids()
+    except UnknownEnvError as e:
+        print(f"turnrl baselines: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     rows = []
     for env_id in tqdm(env_ids, desc="baselines", unit="env"):
@@ -329,7 +331,7 @@ def _serve_env(args: argparse.Namespace) -> int:
     from turnrl.envs.server import EnvServer
 
     try:
-        server = EnvServer(args.env_id, dict(args.kwarg), host=args.host, port=args.port,
+        server = EnvServer(env_id_of(args.env_id), dict(args.kwarg), host=args.host, port=args.port,
                            session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
                            token=server_token(args.token_env, args.host), client_kwargs=args.client_kwargs,
                            read_timeout_s=args.read_timeout, close_executors=True)
@@ -399,8 +401,10 @@ def _build_model(args: argparse.Namespace) -> int:
     from turnrl.agents.scripted import corpus_texts
     from turnrl.agents.tiny_hf import build_checkpoint, template_tokenizer
 
-    if args.env not in gymnasium.registry:
-        print(f"turnrl build-model: error: unknown env id {args.env!r} (see list-envs)", file=sys.stderr)
+    try:
+        env_id = env_id_of(args.env)
+    except UnknownEnvError as e:
+        print(f"turnrl build-model: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.hidden % args.heads or args.heads % args.kv_heads:
         print(f"turnrl build-model: error: --hidden {args.hidden} must be divisible by --heads {args.heads}, and "
@@ -414,7 +418,7 @@ def _build_model(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # the corpus holds the family's own tool-call format (the one a run prompts for: tool_parser=auto)
     parser = detect(load_template(template)).tool_parser
-    env = gymnasium.make(args.env, disable_env_checker=True, tool_parser=parser)
+    env = gymnasium.make(env_id, disable_env_checker=True, tool_parser=parser)
     corpus = [text for player in ("expert", "weak")
               for text in corpus_texts(env, range(args.corpus_episodes), player=player)]
     env.close()

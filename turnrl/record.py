@@ -172,10 +172,15 @@ def nonfinite_total(history: list[dict], metrics: dict) -> float:
 
 
 def warn_once(metrics: dict, cfg, warned: set[str]) -> None:
-    """Say so (once per run) when most turns are cut, most tool calls fail to parse or the
-    infrastructure ends most episodes."""
+    """Say so (once per run) when most turns are cut, most tool calls fail to parse, the
+    infrastructure ends most episodes, or a quarter of the episodes run out of context."""
     policy = cfg.trainer.infra_failures
+    thresholds = {"context_limit_rate": 0.25}  # others: 0.5
     checks = {
+        "context_limit_rate": f"a quarter or more of the episodes ended at agent.max_context_tokens="
+                              f"{cfg.agent.max_context_tokens} (termination context_length) before the env ended "
+                              "them; the prompt (system block, tool schemas) may take most of the context: raise "
+                              "agent.max_context_tokens, or shorten the prompt or the observations",
         "turn_length_cut_rate": f"over half the turns hit agent.max_new_tokens={cfg.agent.max_new_tokens} "
                                 "before the end-of-turn token; raise it if replies are cut",
         "tool_parse_error_rate": f"over half the turns hold a malformed tool call (parser "
@@ -187,6 +192,6 @@ def warn_once(metrics: dict, cfg, warned: set[str]) -> None:
                                  "gradient, so few episodes train") + "; each trajectory's error says what failed",
     }
     for key, message in checks.items():
-        if metrics.get(key, 0.0) > 0.5 and key not in warned:
+        if metrics.get(key, 0.0) > thresholds.get(key, 0.5) and key not in warned:
             warned.add(key)
             log.warning("%s (%s=%.2f)", message, key, metrics[key])

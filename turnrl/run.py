@@ -4,6 +4,7 @@ resumes, the checkpoint it continues. Built once by ``start_run``; every later s
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from turnrl import distributed
 from turnrl.agents.hf_policy import TransformersPolicy
 from turnrl.agents.model import load_pretrained
 from turnrl.agents.renderer import ChatRenderer
-from turnrl.build import build_agent, env_factory
+from turnrl.build import agent_tool_parser, build_agent, env_factory
 from turnrl.checkpoint import (Checkpoint, checkpoint_steps, read_checkpoint, resolve_resume, restore_log,
                                set_aside_log)
 from turnrl.conf.schema import Config
@@ -136,8 +137,15 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
             logger.log(step, row, prefix=kind, jsonl=False)
     log.info("model: %.2fM parameters, vocab %d", sum(p.numel() for p in model.parameters()) / 1e6, len(tokenizer))
     policy = TransformersPolicy(model, tokenizer, seed=cfg.seed + procs.rank, prefix_cache=cfg.agent.prefix_cache)
-    return Run(cfg, run_dir, procs, env_fn, model, tokenizer, ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs),
-               policy, logger, resumed, warm_cached)
+    renderer = ChatRenderer(tokenizer, cfg.agent.chat_format, cfg.agent.template_kwargs)
+    chat = {"chat_format": renderer.format.name, "tool_parser": agent_tool_parser(cfg),
+            "asked": {"chat_format": cfg.agent.chat_format, "tool_parser": cfg.agent.tool_parser}}
+    log.info("chat format %s, tool parser %s (agent.chat_format=%s, agent.tool_parser=%s)", chat["chat_format"],
+             chat["tool_parser"], cfg.agent.chat_format, cfg.agent.tool_parser)
+    if procs.main:  # what `auto` chose, kept with the run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "chat.json").write_text(json.dumps(chat, indent=1) + "\n", encoding="utf-8")
+    return Run(cfg, run_dir, procs, env_fn, model, tokenizer, renderer, policy, logger, resumed, warm_cached)
 
 
 def checkpoint_to_resume(cfg: Config, run_dir: Path) -> Checkpoint | None:

@@ -29,11 +29,16 @@ are not reused."""
 
 
 def warm_start(model, renderer: ChatRenderer, env, steps: int, batch_size: int, lr: float,
-               player: str = "weak", seed: int = 0, progress: bool = True) -> list[float]:
+               player: str = "weak", seed: int = 0, progress: bool = True,
+               max_new_tokens: int | None = None) -> list[float]:
     """Train ``model`` for ``steps`` supervised steps on fresh scripted episodes of the
-    train split (each step draws ``batch_size`` new episodes). Returns the loss per step."""
+    train split (each step draws ``batch_size`` new episodes). Returns the loss per step.
+
+    With ``max_new_tokens`` (the sampler's cap per turn) it warns, once, when a scripted turn
+    is longer: the model learns turns it can never write whole in RL."""
     if steps <= 0:
         return []
+    longest = 0
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = renderer.tokenizer.pad_token_id
@@ -47,12 +52,17 @@ def warm_start(model, renderer: ChatRenderer, env, steps: int, batch_size: int, 
         episodes = [e for e in episodes if not is_infra_failure(e.termination)]  # a failed env's episode
         if not episodes:  # (the env failed every episode of this step; logged by scripted_episode)
             continue
+        longest = max([longest, *(end - start for e in episodes for start, end in e.turn_spans)])
         loss = sft_loss(model, collate(episodes, pad))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+    if max_new_tokens is not None and longest > max_new_tokens:
+        log.warning("the %s player's turns reach %d tokens, above agent.max_new_tokens=%d: the warm start teaches "
+                    "turns the sampler cuts before their end; raise agent.max_new_tokens", player, longest,
+                    max_new_tokens)
     return losses
 
 
@@ -61,7 +71,7 @@ def warm_start_as_configured(cfg, model, renderer: ChatRenderer, env, progress: 
     the first and last loss. Returns the losses (empty: no warm start)."""
     ws = cfg.agent.warmstart
     losses = warm_start(model, renderer, env, ws.steps, ws.batch_size, ws.lr, ws.player, seed=warmstart_seed(cfg),
-                        progress=progress)
+                        progress=progress, max_new_tokens=cfg.agent.max_new_tokens)
     if losses:
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     return losses

@@ -59,7 +59,7 @@ def test_greedy_logprobs_are_the_temperature_one_logprobs_of_the_learner(tiny_mo
     for prompt, gen in zip(prompts, policy.generate(prompts, GREEDY)):
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.no_grad():
-            logprobs, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids), temperature=1.0)
+            logprobs, _, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids), temperature=1.0)
         recomputed = logprobs[0, len(prompt):].tolist()
         # rounding only (KV-cached decode vs one forward): the model's logprob bound at its logits' size
         tol = logprob_tol_for(tiny_model, ids.tolist())
@@ -98,7 +98,7 @@ def test_rows_that_stop_early_end_with_eos_and_leave_the_other_rows_exact(policy
     for prompt, gen in zip(batch, gens):
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.no_grad():
-            logprobs, _ = token_logprobs(policy_model, ids, torch.ones_like(ids))
+            logprobs, _, _ = token_logprobs(policy_model, ids, torch.ones_like(ids))
         recomputed = logprobs[0, len(prompt):].tolist()
         assert max(abs(a - b) for a, b in zip(gen.logprobs, recomputed)) <= tol
 

@@ -81,7 +81,7 @@ def test_collector_episode_over_http_is_token_exact(server, served_model, tokeni
     assert finishes == {"stop", "length"}
     batch = collate(trajectories, tokenizer.pad_token_id)
     with torch.no_grad():
-        learner, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=1.0)
+        learner, _, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=1.0)
     mask = batch.loss_mask.bool()
     assert torch.isfinite(batch.old_logprobs[mask]).all()
     # rounding only (the server's cached decode vs the learner's forward): the model's logprob bound
@@ -290,8 +290,8 @@ def test_sampler_logprobs_follow_the_temperature(server, served_model, tokenizer
     batch = collate(trajectories, tokenizer.pad_token_id)
     mask = batch.loss_mask.bool()
     with torch.no_grad():
-        at_07, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=0.7)
-        at_10, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=1.0)
+        at_07, _, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=0.7)
+        at_10, _, _ = token_logprobs(served_model, batch.input_ids, batch.attention_mask, temperature=1.0)
     # rounding only at the right temperature: the model's logprob bound at its logits' size / 0.7
     tol = logprob_tol_for(served_model, [t.token_ids for t in trajectories], temperature=0.7)
     assert float((at_07 - batch.old_logprobs).abs()[mask].max()) <= tol

@@ -112,7 +112,7 @@ def teacher_forced_gap(model, prompts, gens, temperature: float) -> float:
     for prompt, gen in zip(prompts, gens):
         ids = torch.tensor([list(prompt) + gen.token_ids])
         with torch.no_grad():
-            lp, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
+            lp, _, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
         ref = lp[0, len(prompt):].tolist()
         worst = max(worst, max(abs(a - b) for a, b in zip(gen.logprobs, ref)))
     return worst
@@ -218,7 +218,7 @@ def test_multi_turn_rollout_on_guess_number_is_trainable_and_token_exact(policy,
     batch = collate(trajectories, tokenizer.pad_token_id)
     mask = batch.loss_mask.bool()
     with torch.no_grad():
-        learner, _ = token_logprobs(vmodel, batch.input_ids, batch.attention_mask, temperature=0.7)
+        learner, _, _ = token_logprobs(vmodel, batch.input_ids, batch.attention_mask, temperature=0.7)
     tol = logprob_tol_for(vmodel, [t.token_ids for t in trajectories], 0.7)  # rounding only
     assert float((learner - batch.old_logprobs).abs()[mask].max()) <= tol
 

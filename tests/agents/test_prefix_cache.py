@@ -66,7 +66,7 @@ def test_cached_turns_sample_the_episodes_of_a_whole_prefill(policy_model, token
         assert (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max() <= tol
     # token-exact: the logprobs the sampler recorded are the learner's
     batch = collate(with_cache, tokenizer.pad_token_id)
-    learner, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    learner, _, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     assert ((learner - batch.old_logprobs).abs() * batch.loss_mask).max() <= tol
 
 

@@ -6,7 +6,6 @@ found. Every call samples what a whole prefill samples."""
 import copy
 
 import pytest
-import torch
 
 from turnrl.agents import SamplingParams, TransformersPolicy
 from turnrl.agents.prefix_cache import PrefixCache

@@ -194,7 +194,7 @@ def test_learner_logprobs_equal_the_samplers_on_each_familys_rollouts(family_rol
     assert sum(t.num_turns for t in trajectories) >= 3
     batch = collate(trajectories, tok.pad_token_id)
     with torch.no_grad():
-        learner, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+        learner, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
                                     segments=batch.segment_index)
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) == sum(t.num_generated_tokens for t in trajectories)

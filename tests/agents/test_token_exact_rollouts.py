@@ -21,7 +21,7 @@ TEMPERATURES = [1.0, 0.7]
 def learner_logprobs(model, trajectories, pad_id, temperature):
     batch = collate(trajectories, pad_id)
     with torch.no_grad():
-        logprobs, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
+        logprobs, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
     return batch, logprobs
 
 
@@ -105,8 +105,8 @@ def test_scoring_only_sampled_tokens_gives_the_same_logprobs_and_entropies(rollo
     trajectories, _ = rollouts(env_name, 1.0)
     batch = collate(trajectories, tokenizer.pad_token_id)
     with torch.no_grad():
-        full, full_entropy = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, with_entropy=True)
-        part, part_entropy = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, with_entropy=True,
+        full, full_entropy, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, with_entropy=True)
+        part, part_entropy, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                             score_mask=batch.loss_mask)
     mask = batch.loss_mask.bool()
     # rounding only (the head on the scored rows alone; the sampler's cached decode): the model's

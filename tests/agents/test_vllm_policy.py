@@ -100,7 +100,7 @@ def test_the_agreement_check_can_fail_at_the_wrong_temperature(policy, vmodel, p
     for prompt, gen in zip(prompts * 4, gens):
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.no_grad():
-            lp, _ = token_logprobs(vmodel, ids, torch.ones_like(ids), temperature=1.0)
+            lp, _, _ = token_logprobs(vmodel, ids, torch.ones_like(ids), temperature=1.0)
         worst = max(worst, max(abs(a - b) for a, b in zip(gen.logprobs, lp[0, len(prompt):].tolist())))
     assert worst > 1e-2
 

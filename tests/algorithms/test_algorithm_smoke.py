@@ -41,7 +41,7 @@ def mixed_batch(tokenizer, renderer, tiny_model):
             trajs.append(t)
     batch = collate(trajs, tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+        lp, _, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     batch.old_logprobs = lp * batch.loss_mask
     assert len(set(batch.rewards.tolist())) > 1 and len(set(batch.num_turns.tolist())) > 1
     return batch

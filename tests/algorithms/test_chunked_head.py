@@ -131,7 +131,7 @@ def test_token_logprobs_chunk_the_head_past_the_threshold_with_the_same_gradient
     def scored(threshold, entropy_grad=False):
         monkeypatch.setitem(scoring.CHUNKED_HEAD_MIN_ELEMENTS, "cpu", threshold)
         model.zero_grad()
-        lp, ent = token_logprobs(model, ids, attention, 0.8, with_entropy=True, score_mask=score_mask,
+        lp, ent, _ = token_logprobs(model, ids, attention, 0.8, with_entropy=True, score_mask=score_mask,
                                  entropy_grad=entropy_grad)
         (lp.sum() + (ent.sum() if ent.requires_grad else 0)).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()], ent.requires_grad
@@ -182,7 +182,7 @@ def test_a_learner_update_is_the_same_with_the_head_chunked(tiny_model, batch, m
                        num_turns=torch.ones(n, dtype=torch.long), state_index=torch.full((n, 1), -1))
     base = copy.deepcopy(tiny_model).double()  # (Adam's first step is about lr x sign(gradient): in float32
     with torch.no_grad():                      # a near-zero gradient's rounding could flip it)
-        train.old_logprobs, _ = token_logprobs(base, ids, attention, score_mask=score_mask)
+        train.old_logprobs, _, _ = token_logprobs(base, ids, attention, score_mask=score_mask)
     advantages = torch.tensor([1.0, -0.5, 0.25, -1.0])[:, None] * score_mask
 
     def updated(threshold):

@@ -74,7 +74,7 @@ def fixed_batch(tokenizer, renderer, model):
             trajs.append(t)
     batch = collate(trajs, tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+        lp, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     batch.old_logprobs = lp * batch.loss_mask
     advantages = torch.randn(len(batch), generator=torch.Generator().manual_seed(0))[:, None] * batch.loss_mask
     return batch, advantages

@@ -162,9 +162,9 @@ def test_the_entropy_has_a_gradient_only_where_the_loss_weighs_it(tiny_model, rl
     (whose graph would hold [tokens, vocab] tensors through the backward), the same values."""
     batch, _ = rl_batch
     for score_mask in (batch.loss_mask, None):  # the LM head on scored positions, and on all
-        _, weighed = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
+        _, weighed, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                     score_mask=score_mask)
-        _, reported = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
+        _, reported, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                      score_mask=score_mask, entropy_grad=False)
         assert weighed.requires_grad and not reported.requires_grad
         assert torch.equal(weighed.detach(), reported) and float(reported.abs().sum()) > 0
@@ -174,7 +174,7 @@ def test_the_temperature_scales_scoring_the_update_and_reference_kl(tiny_model, 
     batch, advantages = rl_batch
     learner = Learner(copy.deepcopy(tiny_model), *learner_settings(lr=1e-3, kl_coef=0.1))
     hot = learner.logprobs(batch, 2.0)
-    expected, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, 2.0, score_mask=batch.loss_mask)
+    expected, _, _ = token_logprobs(tiny_model, batch.input_ids, batch.attention_mask, 2.0, score_mask=batch.loss_mask)
     tol = logprob_tol_for(tiny_model, rows_of(batch), temperature=2.0)  # rounding only (micro-batches)
     assert torch.allclose(hot, expected * batch.loss_mask, rtol=0, atol=tol)
     assert not torch.allclose(hot, learner.logprobs(batch), atol=1e-3)
@@ -202,7 +202,7 @@ def test_a_float64_model_is_scored_in_float64(tiny_model, rl_batch):
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
         expected = torch.log_softmax(logits, dim=-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
         for score_mask in (batch.loss_mask, None):  # the sampled-tokens-only path and the full one
-            logprobs, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
+            logprobs, entropy, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, with_entropy=True,
                                                score_mask=score_mask)
             assert logprobs.dtype == entropy.dtype == torch.float64
             mask = batch.loss_mask[:, 1:] if score_mask is not None else torch.ones_like(expected)
@@ -232,7 +232,7 @@ def sampled_batch(rollouts, tokenizer):
 
 def surrogate(model, batch, advantages, weights):
     """``J = sum_t w_t A_t log pi(a_t)`` over the sampled tokens."""
-    logprobs, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    logprobs, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     return (weights * advantages * logprobs).sum()
 
 

@@ -324,7 +324,7 @@ def test_one_update_with_each_loss_is_adams_first_step_along_the_policy_gradient
     weights = AGGREGATIONS[loss_agg](batch.loss_mask).double()
 
     def surrogate(m):
-        lp, _ = token_logprobs(m, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+        lp, _, _ = token_logprobs(m, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
         return (weights * advantages * lp).sum(), lp
 
     j_before, lp_before = surrogate(before)

@@ -59,7 +59,7 @@ def test_sharing_gives_the_plain_forwards_logprobs_entropies_and_gradients(spec)
     results = []
     for share in (False, True):
         model.zero_grad()
-        logprobs, entropy = token_logprobs(model, ids, mask, 0.9, with_entropy=True, score_mask=score,
+        logprobs, entropy, _ = token_logprobs(model, ids, mask, 0.9, with_entropy=True, score_mask=score,
                                            share_prompts=share)
         (logprobs * torch.linspace(0.5, 1.5, ids.shape[1])).sum().backward()
         results.append((logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))

@@ -73,9 +73,9 @@ def test_learner_scores_segmented_rollouts_exactly_as_the_sampler_saw_them(polic
             assert traj.loss_mask[s:e] == [1] * (e - s)
     batch = collate(trajectories, tok.pad_token_id)
     with torch.no_grad():
-        learner, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask,
+        learner, _, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask,
                                     score_mask=batch.loss_mask, segments=batch.segment_index)
-        flat, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+        flat, _, _ = token_logprobs(policy_model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
     mask = batch.loss_mask.bool()
     # rounding only (cached decode vs the learner's segmented forward): the model's logprob bound over
     # the segments (each at most its row)

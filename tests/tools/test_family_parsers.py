@@ -217,3 +217,31 @@ def test_vllm_reads_the_same_calls(vllm_parsers, vllm_name, fmt):
     got = parsers[vllm_name].extract_tool_calls(text, request)
     assert [(c.function.name, json.loads(c.function.arguments)) for c in got.tool_calls] == [
         (c.name, c.arguments) for c in get_parser(fmt)(text).calls]
+
+
+@pytest.mark.parametrize("written, expected", [("5", "5"), ("true", "true"), ("null", "null"), ("[1]", "[1]"),
+                                               ("1.50", "1.50"), ("plain", "plain"),
+                                               ('"quoted"', "quoted")])  # a JSON string reads as that string
+def test_a_string_parameter_written_bare_as_the_template_renders_it_is_that_string(written, expected):
+    """The real Qwen3.5/3.6 templates render the string "5" as a bare 5: a model that writes it
+    so gets the string back for a parameter its schema types as a string (and the number where the
+    schema says integer)."""
+    from turnrl.tools import check_call, tool
+
+    @tool
+    def lookup(key: str, count: int = 1) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+            count: How many.
+        """
+        return f"{key!r} x{count}"
+
+    text = (f"<tool_call>\n<function=lookup>\n<parameter=key>\n{written}\n</parameter>\n"
+            "<parameter=count>\n3\n</parameter>\n</function>\n</tool_call>")
+    parsed = get_parser("qwen3_coder")(text)
+    assert parsed.status == "ok"
+    call = parsed.calls[0]
+    assert check_call(call, {"lookup": lookup}) is lookup, call.arguments
+    assert call.arguments == {"key": expected, "count": 3}

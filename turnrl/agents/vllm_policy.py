@@ -509,7 +509,7 @@ def logprob_agreement(policy, model: torch.nn.Module, prompts: list[list[int]], 
                 ids[r, :n] = torch.tensor(list(p) + g.token_ids)
                 attention[r, :n] = 1
                 score[r, len(p):n] = 1
-            lp, _ = token_logprobs(model, ids.to(device), attention.to(device), temperature,
+            lp, _, _ = token_logprobs(model, ids.to(device), attention.to(device), temperature,
                                    score_mask=score.to(device))
             lp = lp.float().cpu()
             for r, (p, g) in enumerate(rows):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Optional
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass

@@ -17,6 +17,7 @@ import torch
 
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.kl_control import kl_penalized
+from turnrl.algorithms.shapes import same_shape
 from turnrl.distributed import all_reduce
 
 
@@ -54,15 +55,23 @@ def assign_credit(batch: TrainBatch, advantage_fn: Callable[[TrainBatch], torch.
             each turn's reward is lowered by ``kl_coef`` times its tokens' KL.
         values: ``fn(batch) -> [N, T]`` the critic's values; with ``value_targets``
             (``fn(batch) -> [N, T]``), for critic-based estimators.
+
+    Raises:
+        ValueError: If an estimator, the critic or the reference KL returns a tensor that is
+            not ``[N, T]``, the loss mask's shape (naming it and both shapes).
     """
     metrics, reward_kl = {}, None
     if reference_kl is not None:
         kl = reference_kl(batch).cpu()
+        same_shape("assign_credit", loss_mask=batch.loss_mask, reference_kl=kl)
         reward_kl = float(all_reduce(kl.sum()) / all_reduce(batch.loss_mask.sum()).clamp(min=1.0))
         batch, penalty = kl_penalized(batch, kl, kl_coef)
         metrics["kl_reward_penalty"] = float(penalty.mean())
     returns = None
     if values is not None:
         batch = dataclasses.replace(batch, values=values(batch))
+        same_shape("assign_credit", loss_mask=batch.loss_mask, values=batch.values)
         returns = value_targets(batch)
-    return Credited(batch, advantage_fn(batch), returns, reward_kl, metrics)
+    advantages = advantage_fn(batch)
+    same_shape("assign_credit", loss_mask=batch.loss_mask, advantages=advantages, returns=returns)
+    return Credited(batch, advantages, returns, reward_kl, metrics)

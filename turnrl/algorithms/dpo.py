@@ -137,7 +137,7 @@ def sequence_logprobs(model, trajectories: Sequence[Trajectory], pad_id: int) ->
     """``[N]`` sums of the sampled tokens' logprobs of each trajectory under ``model``."""
     device = next(model.parameters()).device
     batch = collate(list(trajectories), pad_id, infra_failures="keep").to(device)  # every trajectory scored
-    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+    lp, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
                            segments=batch.segment_index)
     return (lp * batch.loss_mask).sum(dim=1)
 

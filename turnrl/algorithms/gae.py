@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.shapes import same_shape
 from turnrl.algorithms.turns import turn_valid
 
 
@@ -83,7 +84,11 @@ def token_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0, lam: 
 
     Returns:
         ``[N, T]`` advantages (0 off the loss mask); ``A + values`` are the lambda-returns.
+
+    Raises:
+        ValueError: If ``values`` is not ``[N, T]``, the loss mask's shape.
     """
+    same_shape("token_gae", loss_mask=batch.loss_mask, values=values)
     cols, valid = pack(batch.loss_mask)
     r = token_rewards(batch).gather(1, cols) * valid
     v = values.gather(1, cols) * valid
@@ -109,7 +114,11 @@ def turn_level_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0, 
 
     Returns:
         ``[N, T]`` advantages (0 off the loss mask).
+
+    Raises:
+        ValueError: If ``values`` is not ``[N, T]``, the loss mask's shape.
     """
+    same_shape("turn_level_gae", loss_mask=batch.loss_mask, values=values)
     cols, valid = pack(batch.loss_mask)
     n, width = cols.shape
     v = values.gather(1, cols) * valid

@@ -80,9 +80,9 @@ class PolicyForward(torch.nn.Module):
                                 entropy_grad=entropy_grad)
         values = None
         if self.value_head is not None:
-            hidden, rows, cols = scored[2]
+            hidden, rows, cols = scored.hidden
             values = torch.zeros_like(score_mask).index_put((rows, cols), self.value_head(hidden).squeeze(-1).float())
-        return scored[0], scored[1], values
+        return scored.logprobs, scored.entropy, values
 
 
 class Learner:
@@ -349,7 +349,7 @@ class Learner:
         for micro in batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens):
             mb = batch.rows(micro)
             with self._autocast(mb.loss_mask.device):
-                lp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature,
+                lp, _, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature,
                                        score_mask=mb.loss_mask, segments=mb.segment_index)
             out[micro] = lp * mb.loss_mask
         return out
@@ -392,7 +392,7 @@ class Learner:
         kl_sum = 0.0
         if self.ref_model is not None and cfg.kl_placement == "loss":
             with torch.no_grad(), self._autocast(mask.device):
-                ref_logprobs, _ = token_logprobs(
+                ref_logprobs, _, _ = token_logprobs(
                     self.ref_model, mb.input_ids, mb.attention_mask, coefs.temperature, score_mask=mask,
                     segments=mb.segment_index)
             kl = self.kl_fn(logprobs, ref_logprobs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from turnrl.algorithms.shapes import same_shape
 from turnrl.registry import Registry
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
@@ -48,6 +49,8 @@ def ppo_clip_loss(
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None, got {dual_clip}")
+    same_shape("ppo_clip_loss", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, weights=weights,
+               is_weights=is_weights)
     log_ratio = (logprobs - old_logprobs).clamp(-log_ratio_clip, log_ratio_clip)
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio

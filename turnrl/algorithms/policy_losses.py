@@ -32,6 +32,7 @@ import torch
 
 from turnrl.algorithms.config import LossConfig
 from turnrl.algorithms.losses import ppo_clip_loss
+from turnrl.algorithms.shapes import same_shape
 from turnrl.registry import Registry
 
 POLICY_LOSSES: Registry = Registry("policy loss")
@@ -118,6 +119,8 @@ def gspo_loss(
         sequence ratio ``s_i`` (on each of its tokens), ``approx_kl`` of the token log-ratios,
         ``dual_clipped`` is 0.
     """
+    same_shape("gspo_loss", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, weights=weights,
+               is_weights=is_weights)
     mask = (weights != 0).to(logprobs.dtype)
     token_log_ratio = (logprobs - old_logprobs) * mask
     lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
@@ -172,6 +175,8 @@ def cispo_loss(
         ``dual_clipped`` is 0. The loss value carries ``logprob_t`` (it is not PPO's
         surrogate, which is ``-A_t`` at ratio 1); only its gradient is comparable.
     """
+    same_shape("cispo_loss", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, weights=weights,
+               is_weights=is_weights)
     mask = (weights != 0).to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs).detach().clamp(-log_ratio_clip, log_ratio_clip)
     ratio = log_ratio.exp()

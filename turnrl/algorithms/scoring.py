@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from turnrl.algorithms.chunked_head import chunked_logprobs
@@ -66,6 +68,17 @@ def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return -logp.exp().mul_(logp).sum(-1)
 
 
+class Scored(NamedTuple):
+    """What ``token_logprobs`` returns, always these three (unpack ``lp, entropy, _ = ...``)."""
+
+    logprobs: torch.Tensor
+    """``[N, T]`` log p of each token given the ones before it (column 0 and unscored ones 0)."""
+    entropy: torch.Tensor | None = None
+    """``[N, T]`` entropy of each scored position's next-token distribution (``with_entropy``)."""
+    hidden: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """``(hidden [M, H], rows [M], cols [M])`` with ``return_hidden``."""
+
+
 def token_logprobs(
     model,
     input_ids: torch.Tensor,
@@ -77,7 +90,7 @@ def token_logprobs(
     segments: torch.Tensor | None = None,
     share_prompts: bool = True,
     entropy_grad: bool = True,
-):
+) -> Scored:
     """Logprob of every token given the tokens before it.
 
     Args:
@@ -103,9 +116,9 @@ def token_logprobs(
             and a model with a separate decoder and LM head.
 
     Returns:
-        ``logprobs [N, T]`` where ``logprobs[:, t] = log p(ids[t] | ids[:t])`` and column 0
-        is 0; and ``entropy [N, T]`` (aligned the same way) or None; with ``return_hidden``
-        a third element as described above. Float32 (logits of bf16/fp16 models are upcast
+        ``Scored(logprobs, entropy, hidden)``: ``logprobs [N, T]`` where ``logprobs[:, t] =
+        log p(ids[t] | ids[:t])`` and column 0 is 0; ``entropy [N, T]`` (aligned the same way)
+        or None; ``hidden`` as described above with ``return_hidden``, else None. Float32 (logits of bf16/fp16 models are upcast
         before the softmax), or float64 for a float64 model.
     """
     n, t = input_ids.shape
@@ -132,7 +145,7 @@ def token_logprobs(
         if score_mask is not None:
             keep = score_mask.to(out.dtype)
             out, entropy = out * keep, (entropy * keep if entropy is not None else None)
-        return out, entropy
+        return Scored(out, entropy)
 
     decoder, head = parts
     hidden = decoder_hidden(decoder, input_ids, attention_mask, score_mask, segments, share_prompts)
@@ -155,5 +168,5 @@ def token_logprobs(
     out = torch.zeros((n, t), dtype=picked.dtype, device=picked.device).index_put((rows, cols), picked)
     entropy = None if ent is None else torch.zeros_like(out).index_put((rows, cols), ent)
     if return_hidden:
-        return out, entropy, (picked_hidden, rows, cols)
-    return out, entropy
+        return Scored(out, entropy, (picked_hidden, rows, cols))
+    return Scored(out, entropy)

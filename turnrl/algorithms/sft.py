@@ -10,6 +10,6 @@ from turnrl.algorithms.scoring import token_logprobs
 
 def sft_loss(model, batch: TrainBatch) -> torch.Tensor:
     """Mean negative log-likelihood of the loss-masked (assistant) tokens of ``batch``."""
-    logprobs, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
+    logprobs, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask,
                                  segments=batch.segment_index)
     return -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1.0)

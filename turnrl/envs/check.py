@@ -38,7 +38,7 @@ from gymnasium.utils.env_checker import data_equivalence
 from turnrl.envs.base import SPLITS, hand_written_tools
 from turnrl.envs.registration import NAMESPACE, registered_env_ids
 
-__all__ = ["CHECK_NAMES", "CheckReport", "CheckResult", "UnknownEnvError", "check"]
+__all__ = ["CHECK_NAMES", "CheckReport", "CheckResult", "UnknownEnvError", "check", "env_id_of"]
 
 DETERMINISM_SEEDS = 5
 """Seeds (per split) whose episodes are played twice by ``seed_determinism``."""
@@ -177,6 +177,27 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         spec = getattr(env, "spec", None)
         env_id = spec.id if spec is not None else type(env.unwrapped).__name__
     return CheckReport(env_id, [_run(c, env, seeds) for c in CHECKS], seeds)
+
+
+def env_id_of(name: str) -> str:
+    """The gymnasium id of the env ``name`` names, for the commands that make envs by id
+    (``baselines``, ``build-model``, ``serve-env``): a registered id is itself; ``module:env-id``
+    is ``env-id`` (the module registers it on import); ``module:ClassName`` registers the class
+    as ``module/ClassName-v0`` (once) and is that id.
+
+    Raises:
+        UnknownEnvError: As ``check`` does, saying what did not load and what names work.
+    """
+    if name in gymnasium.registry:
+        return name
+    make, _ = _resolve(name)
+    if isinstance(make, type):
+        module_name, _, class_name = name.partition(":")
+        env_id = f"{module_name}/{class_name}-v0"
+        if env_id not in gymnasium.registry:
+            gymnasium.register(env_id, entry_point=make)
+        return env_id
+    return name.partition(":")[2] if name not in gymnasium.registry and ":" in name else name
 
 
 def _resolve(name: str) -> tuple[Callable[..., gymnasium.Env], str]:

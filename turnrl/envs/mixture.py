@@ -204,7 +204,7 @@ class MixtureEnv(gymnasium.Env[tuple, str]):
         """The current sub-env's turn limit (the largest of all before the first reset)."""
         if self._index is None:
             return max(int(getattr(e.unwrapped, "max_turns", 0)) for e in self.envs)
-        return int(getattr(self.current.unwrapped, "max_turns"))
+        return int(self.current.unwrapped.max_turns)
 
     @property
     def tool_parser(self) -> str | None:

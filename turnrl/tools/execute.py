@@ -139,10 +139,25 @@ def check_call(call: ToolCall, tools: Mapping[str, Tool]) -> Tool | ToolResult:
         available = ", ".join(sorted(tools))
         hint = f"Available tools: {available}." if available else "No tools are available in this task."
         return ToolResult(call, f"Error: unknown tool {call.name!r}. {hint}", "unknown_tool")
+    _strings_as_written(call, chosen.parameters)
     problem = validate_arguments(call.arguments, chosen.parameters)
     if problem is not None:
         return ToolResult(call, f"Error: bad arguments for tool {chosen.name!r}: {problem}.", "bad_arguments")
     return chosen
+
+
+def _strings_as_written(call: ToolCall, parameters: Mapping) -> None:
+    """Give each argument the schema types as a string only, written bare in a raw-value format
+    (``call.raw``: ``5``, ``true``, ``null``, ``[1]`` read as JSON), its text as written, in
+    place: the real templates render the string ``"5"`` as ``5``, so a model that writes it so is
+    right."""
+    if not call.raw:
+        return
+    properties = parameters.get("properties", {}) if isinstance(parameters, Mapping) else {}
+    for key, text in call.raw.items():
+        spec = properties.get(key)
+        if isinstance(spec, Mapping) and spec.get("type") == "string" and not isinstance(call.arguments.get(key), str):
+            call.arguments[key] = text
 
 
 def run_validated(chosen: Tool, call: ToolCall) -> ToolResult:

@@ -186,14 +186,16 @@ def _tagged_arguments(pattern: re.Pattern, inner: str, name: str, index: int, wh
     """The call ``name`` whose arguments are ``pattern`` matches (key, raw value) filling ``inner``;
     or what is wrong (text between them) and the ``shape`` to write each argument in."""
     arguments: dict[str, Any] = {}
+    raw: dict[str, str] = {}
     pos = 0
     while (arg := pattern.match(inner, pos)) is not None:
-        arguments[arg.group(1)] = _raw_value(clean(arg.group(2)))
+        raw[arg.group(1)] = clean(arg.group(2))
+        arguments[arg.group(1)] = _raw_value(raw[arg.group(1)])
         pos = arg.end()
     if inner[pos:].strip():
         return (f"tool call {index} ({name}): unexpected text {inner[pos:].strip()[:40]!r}{where}; write each "
                 f"argument as {shape}")
-    return [ToolCall(name, arguments)]
+    return [ToolCall(name, arguments, raw=raw)]
 
 
 @register_formatter("qwen3_coder")

@@ -29,10 +29,16 @@ class ToolCall:
     Attributes:
         name: Tool name as written by the model.
         arguments: Decoded JSON arguments object (``{}`` when omitted).
+        raw: For formats that write values without JSON framing (``qwen3_coder``, ``glm4``):
+            each argument's text as written. A value written bare reads as JSON where it can
+            (``5``, ``true``, ``null``), so ``check_call`` gives a parameter the tool's schema
+            types as a string its raw text back (the real templates render the string ``"5"``
+            as ``5``). None for JSON formats.
     """
 
     name: str
     arguments: dict = field(hash=False)
+    raw: dict | None = field(default=None, hash=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

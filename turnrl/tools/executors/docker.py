@@ -635,7 +635,7 @@ class DockerExecutor(Executor):
     def _warm_one(self) -> None:
         try:
             box: Box | None = self._start()
-        except Exception:  # counted as a failed start: the next session start tries again
+        except Exception:  # counted as a failed start: the next start of a session tries again
             box = None
         with self._lock:
             if self._closed:

@@ -269,7 +269,7 @@ class RemoteExecutor(Executor):
                                                    f"{'try' if tries == 1 else 'tries'} (last problem: {problem})")
 
     def close_session(self, session: str) -> None:
-        """Ask the servers this session's calls went to to free its resources (best effort:
+        """Ask the servers the calls of the session went to to free its resources (best effort:
         waits at most ``CLOSE_TIMEOUT_S`` per server and ignores failures)."""
         with self._lock:
             urls = self._sessions.pop(session, set())
