@@ -10,8 +10,10 @@ ROWS = (("success", "held-out success"), ("reward", "mean reward"), ("turns", "t
 
 
 def after_value(evals: list[dict], key: str, last: int = 3) -> float:
-    """Mean of ``key`` over the last ``last`` evaluations (the run's "after" figure)."""
-    tail = [e[key] for e in evals[-last:]]
+    """Mean of ``key`` over the last ``last`` evaluations after the first (the run's "after"
+    figure; the first evaluation, before any RL step, is the "before" and never part of it),
+    or the first's value when it is the only one."""
+    tail = [e[key] for e in evals[1:][-last:]] or [evals[0][key]]
     return sum(tail) / len(tail)
 
 

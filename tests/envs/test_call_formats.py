@@ -13,8 +13,8 @@ from turnrl.tools import PARSERS, ToolCall, calculator, format_call, get_parser
 from tests.helpers import env_ids_in_tiers
 
 TOOL_ENVS = ("turnrl/CalcMath-v0", "turnrl/RetrievalQA-v0", "turnrl/PythonCoding-v0")
-# Observations are printable ASCII (turnrl.envs.messages.CHARSET): a format whose markup is not
-# (deepseek_v3's fullwidth special tokens) cannot be shown in a prompt, so envs are not tested with it.
+# The formats whose markup is ASCII; deepseek_v3's markup is its model's fullwidth special tokens, and the envs are
+# tested here with the other formats only.
 ENV_PARSERS = sorted(p for p in PARSERS if format_call(ToolCall("a", {"x": 1}), p).isascii())
 PAIRS = [(parser, written) for parser in ENV_PARSERS for written in ENV_PARSERS if written != parser]
 

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -24,11 +24,13 @@ from turnrl import distributed
 from turnrl.algorithms.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.algorithms.importance import LEVELS, logprob_mismatch, truncated_is_weights
+from turnrl.algorithms.importance import LEVELS, truncated_is_weights
 from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses import KL_ESTIMATORS
 from turnrl.algorithms.policy_losses import POLICY_LOSSES, policy_loss_settings
 from turnrl.algorithms.scoring import token_logprobs
+from turnrl.algorithms.shapes import same_shape
+from turnrl.algorithms.update_tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,16 @@ class StepCoefs:
     def initial(cls, loss: LossConfig, temperature: float = 1.0) -> "StepCoefs":
         """The first step's coefficients: ``loss.entropy_coef`` and ``loss.kl_coef`` at ``temperature``."""
         return cls(temperature=temperature, entropy_coef=loss.entropy_coef, kl_coef=loss.kl_coef)
+
+
+@dataclass
+class _Counts:
+    """The optimizer steps of one update: norms of the finite gradients, steps skipped (zero or
+    non-finite gradient) and the non-finite ones among them."""
+
+    grad_norms: list[float] = field(default_factory=list)
+    skipped: int = 0
+    nonfinite: int = 0
 
 
 MIXED_PRECISION = ("no", "bf16")
@@ -185,128 +197,139 @@ class Learner:
             gradient held a NaN or inf: their minibatches add nothing to the other figures). With
             several processes every figure is of the global batch (the same on every process).
         """
-        if advantages.shape != batch.loss_mask.shape:
-            raise ValueError(f"advantages {tuple(advantages.shape)} != loss_mask {tuple(batch.loss_mask.shape)}")
+        same_shape("Learner.update", loss_mask=batch.loss_mask, advantages=advantages, returns=returns)
         if self.value_head is not None and (returns is None or batch.values is None):
             raise ValueError("a learner with a shared value head needs returns and batch.values (old values)")
-        loss_cfg, n = self.loss_cfg, len(batch)
-        coefs = StepCoefs.initial(loss_cfg) if coefs is None else coefs
-        world = self.num_processes
-        if world > 1 and n == 0:
+        coefs = StepCoefs.initial(self.loss_cfg) if coefs is None else coefs
+        if self.num_processes > 1 and len(batch) == 0:
             raise ValueError("every process needs at least one row of the batch; shard it with "
                              "turnrl.distributed.shard_rows (or give each rank at least one rollout)")
         device = next(self.model.parameters()).device
         batch, advantages = batch.to(device), advantages.to(device)
         returns = None if returns is None else returns.to(device)
         self.model.train()
-        # collectives only with several processes (a process group may exist for other reasons)
-        reduce = distributed.all_reduce if world > 1 else (lambda t, op="sum": t)
-        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
-        trained = batch.trained_rows(torch.arange(n, device=device))  # excluded rows (infra failures) train on nothing
-        total_rows = int(reduce(torch.tensor(float(len(trained)), device=device)))
-        minibatches = [trained[r.to(device)] for r in distributed.minibatch_splits(
-            len(trained), max(1, min(loss_cfg.num_minibatches, total_rows)))]
-        # the sampler/learner mismatch is measured on the learner's logprobs before any step:
-        # from a no-grad pre-pass with TIS (whose ratio then uses the learner's logprobs as
-        # "old"), else for free on the first minibatch's first forward
-        mismatch = {"mismatch_abs": 0.0, "mismatch_kl": 0.0, "mismatch_max": 0.0, "tokens": 0.0}
-        is_weights = None
-        if loss_cfg.tis != "none":
-            learner_old = self.logprobs(batch, coefs.temperature)
-            _add_mismatch(mismatch, learner_old, batch.old_logprobs, batch.loss_mask)
-            is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, loss_cfg.tis,
-                                              loss_cfg.tis_cap)
-            batch = replace(batch, old_logprobs=learner_old)
-        grad_norms, skipped, nonfinite, extremes = [], 0, 0, {"ratio_max": 0.0, "ratio_min": float("inf")}
-        for epoch in range(loss_cfg.ppo_epochs):
-            sums = {k: 0.0 for k in ("pg_loss", "entropy", "kl", "clipped", "dual_clipped", "approx_kl",
-                                     "ratio", "tokens", "value_loss", "value_clipped")}
-            counted = 0  # minibatches of this pass whose figures are in sums (the finite ones)
+        tally, counts = Tally(), _Counts()
+        batch, is_weights = self._importance_prepass(batch, coefs, tally)
+        minibatches = self._minibatches(batch)
+        for epoch in range(self.loss_cfg.ppo_epochs):
+            tally = tally.next_pass()  # the metrics are the last pass's
             for m, rows in enumerate(minibatches):
-                # this minibatch's figures, added to the pass's only if its loss and gradient are finite
-                part = dict.fromkeys(sums, 0.0)
-                part_extremes = {"ratio_max": 0.0, "ratio_min": float("inf")}
-                part_mismatch = dict.fromkeys(mismatch, 0.0)
-                measure = part_mismatch if (epoch == 0 and m == 0 and is_weights is None) else None
-                # weights of the global minibatch (its token/row counts summed over processes)
-                weights = torch.zeros_like(batch.loss_mask)
-                weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
-                value_weights = batch.loss_mask / reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
-                micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
-                stand_in = None
-                if not micros:  # an empty local minibatch
-                    if world == 1:  # nothing to train on and no process to join: no step
-                        skipped += 1
-                        continue
-                    # a zero-weight row still joins the all-reduce (given one attended token, so
-                    # that its forward is finite even where every episode failed before a token)
-                    micros = [torch.zeros(1, dtype=torch.long, device=device)]
-                    weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
-                    stand_in = batch.rows(micros[0])
-                    attended = stand_in.attention_mask.clone()
-                    attended[:, 0] = 1
-                    stand_in = replace(stand_in, attention_mask=attended)
-                finite = True
-                for i, micro in enumerate(micros):
-                    isw = None if is_weights is None else is_weights[micro]
-                    value_args = None if returns is None else (returns[micro], value_weights[micro])
-                    sync = i == len(micros) - 1 or self.accelerator is None
-                    mb = batch.rows(micro) if stand_in is None else stand_in
-                    with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
-                        finite &= self._backward(mb, advantages[micro], weights[micro], coefs, part,
-                                                 isw, part_extremes, measure, value_args, record=len(rows) > 0)
-                grad_norm = float(self._clip_grad_norm())
-                finite &= math.isfinite(grad_norm)
-                if world > 1:  # a NaN loss on one process alone: every process must skip the step
-                    finite = not bool(reduce(torch.tensor(float(not finite), device=device), "max"))
-                # the norm is of the global gradient and the verdict is shared, so every process
-                # skips the same steps
-                if not finite:
-                    skipped, nonfinite = skipped + 1, nonfinite + 1
-                    log.warning("non-finite loss or gradient (grad_norm=%s) in minibatch %d of pass %d: the "
-                                "optimizer step is skipped, weights and optimizer state unchanged", grad_norm, m,
-                                epoch)
-                else:
-                    grad_norms.append(grad_norm)
-                    _merge(sums, part, extremes, part_extremes, mismatch, part_mismatch)
-                    counted += 1
-                    if grad_norm == 0.0 and self.optim_cfg.skip_zero_grad:
-                        skipped += 1
-                    else:
-                        self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-        if world > 1:  # every figure of the global batch
-            sums = dict(zip(sums, reduce(torch.tensor(list(sums.values()), device=device)).tolist()))
-            mismatch_max = float(reduce(torch.tensor(mismatch.pop("mismatch_max"), device=device), "max"))
-            mismatch = dict(zip(mismatch, reduce(torch.tensor(list(mismatch.values()), device=device)).tolist()),
-                            mismatch_max=mismatch_max)
-            extremes = {"ratio_max": float(reduce(torch.tensor(extremes["ratio_max"], device=device), "max")),
-                        "ratio_min": float(reduce(torch.tensor(extremes["ratio_min"], device=device), "min"))}
-        tokens = max(sums.pop("tokens"), 1.0)
-        pg_loss = sums.pop("pg_loss") / max(counted, 1)
-        value_loss = sums.pop("value_loss") / max(counted, 1)
-        metrics = {k: v / tokens for k, v in sums.items()}
-        metrics["pg_loss"] = pg_loss
-        metrics["clip_frac"] = metrics.pop("clipped")
-        value_clipped = metrics.pop("value_clipped")
-        sampled = float(reduce(batch.loss_mask.sum()))
+                part = Tally()  # this minibatch's figures, merged into the pass's if finite
+                measure = epoch == 0 and m == 0 and is_weights is None  # the mismatch, on the first forward
+                finite, grad_norm = self._minibatch_gradient(batch, rows, advantages, returns, is_weights, coefs,
+                                                             part, measure)
+                if finite is None:  # an empty minibatch on the only process: no step
+                    counts.skipped += 1
+                    continue
+                self._apply(finite, grad_norm, part, tally, counts, m, epoch)
+        return self._metrics(batch, tally, counts, is_weights)
+
+    # ------------------------------------------------------------ the steps of update
+    def _reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``t`` summed (or max / min) over processes; itself on one process (a process group
+        may exist for other reasons: collectives only with several processes)."""
+        return distributed.all_reduce(t, op) if self.num_processes > 1 else t
+
+    def _minibatches(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """This process's rows of each minibatch (excluded rows, the infrastructure's failures,
+        are in none): ``loss.num_minibatches`` of them, fewer when the global batch has fewer rows."""
+        device = batch.loss_mask.device
+        trained = batch.trained_rows(torch.arange(len(batch), device=device))
+        total_rows = int(self._reduce(torch.tensor(float(len(trained)), device=device)))
+        splits = distributed.minibatch_splits(len(trained), max(1, min(self.loss_cfg.num_minibatches, total_rows)))
+        return [trained[r.to(device)] for r in splits]
+
+    def _importance_prepass(self, batch: TrainBatch, coefs: StepCoefs,
+                            tally: Tally) -> tuple[TrainBatch, torch.Tensor | None]:
+        """With TIS (``loss.tis``): the learner's own logprobs before any step, from a no-grad
+        pass, become the batch's "old" logprobs; returns the truncated importance weights to the
+        sampler's, and the mismatch is measured there. Without: the batch as it is, no weights."""
+        cfg = self.loss_cfg
+        if cfg.tis == "none":
+            return batch, None
+        learner_old = self.logprobs(batch, coefs.temperature)
+        tally.add_mismatch(learner_old, batch.old_logprobs, batch.loss_mask)
+        is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, cfg.tis, cfg.tis_cap)
+        return replace(batch, old_logprobs=learner_old), is_weights
+
+    def _minibatch_gradient(self, batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor,
+                            returns: torch.Tensor | None, is_weights: torch.Tensor | None, coefs: StepCoefs,
+                            part: Tally, measure: bool) -> tuple[bool | None, float]:
+        """Forward and backward over one minibatch's micro-batches, its figures into ``part``.
+
+        Returns ``(finite, grad_norm)``: the norm of the global gradient (clipped after), and
+        whether the loss and gradient were finite, as every process agrees; ``(None, 0.0)`` for
+        an empty minibatch on the only process. Each row's loss weight is of the global
+        minibatch (its token and row counts summed over processes). A process whose share of
+        the minibatch is empty still joins the gradient all-reduce, with a zero-weight stand-in
+        row (given one attended token, so that its forward is finite even where every episode
+        failed before a token)."""
+        world, device = self.num_processes, batch.loss_mask.device
+        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
+        weights = torch.zeros_like(batch.loss_mask)
+        weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
+        value_weights = batch.loss_mask / self._reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
+        micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
+        stand_in = None
+        if not micros:
+            if world == 1:
+                return None, 0.0
+            micros = [torch.zeros(1, dtype=torch.long, device=device)]
+            weights, value_weights = torch.zeros_like(weights), torch.zeros_like(value_weights)
+            stand_in = batch.rows(micros[0])
+            attended = stand_in.attention_mask.clone()
+            attended[:, 0] = 1
+            stand_in = replace(stand_in, attention_mask=attended)
+        finite = True
+        for i, micro in enumerate(micros):
+            isw = None if is_weights is None else is_weights[micro]
+            value_args = None if returns is None else (returns[micro], value_weights[micro])
+            sync = i == len(micros) - 1 or self.accelerator is None
+            mb = batch.rows(micro) if stand_in is None else stand_in
+            with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
+                finite &= self._backward(mb, advantages[micro], weights[micro], coefs, part, isw, measure, value_args,
+                                         record=len(rows) > 0)
+        grad_norm = float(self._clip_grad_norm())
+        finite &= math.isfinite(grad_norm)
+        if world > 1:  # a NaN loss on one process alone: every process must skip the step
+            finite = not bool(self._reduce(torch.tensor(float(not finite), device=device), "max"))
+        return finite, grad_norm
+
+    def _apply(self, finite: bool, grad_norm: float, part: Tally, tally: Tally, counts: _Counts, m: int,
+               epoch: int) -> None:
+        """Take the optimizer step of a finite gradient (its minibatch's figures join the
+        pass's), or skip a non-finite one (counted and warned) or a zero one (with
+        ``skip_zero_grad``); then zero the gradient. The norm is of the global gradient and the
+        verdict is shared, so every process skips the same steps."""
+        if not finite:
+            counts.skipped, counts.nonfinite = counts.skipped + 1, counts.nonfinite + 1
+            log.warning("non-finite loss or gradient (grad_norm=%s) in minibatch %d of pass %d: the optimizer step "
+                        "is skipped, weights and optimizer state unchanged", grad_norm, m, epoch)
+        else:
+            counts.grad_norms.append(grad_norm)
+            tally.merge(part)
+            if grad_norm == 0.0 and self.optim_cfg.skip_zero_grad:
+                counts.skipped += 1
+            else:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _metrics(self, batch: TrainBatch, tally: Tally, counts: _Counts,
+                 is_weights: torch.Tensor | None) -> dict[str, float]:
+        """The update's metrics (``update`` lists them), of the global batch."""
+        if self.num_processes > 1:
+            tally = tally.reduced(self._reduce, batch.loss_mask.device)
+        metrics = tally.metrics()
+        sampled = float(self._reduce(batch.loss_mask.sum()))
         if self.value_head is not None:  # of the last pass: mean over minibatches, clip fraction per token
-            metrics["value_loss"] = value_loss
-            metrics["value_clip_frac"] = value_clipped
-            value_sum = float(reduce((batch.values * batch.loss_mask).sum()))
+            metrics.update(tally.value_metrics())
+            value_sum = float(self._reduce((batch.values * batch.loss_mask).sum()))
             metrics["value_mean"] = value_sum / sampled if sampled else 0.0
-        metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["skipped_updates"] = float(skipped)
-        metrics["nonfinite_updates"] = float(nonfinite)
-        measured = max(mismatch.pop("tokens"), 1.0)
-        metrics["mismatch_abs"] = mismatch["mismatch_abs"] / measured
-        metrics["mismatch_kl"] = mismatch["mismatch_kl"] / measured
-        metrics["mismatch_max"] = mismatch["mismatch_max"]
+        metrics["grad_norm"] = sum(counts.grad_norms) / max(len(counts.grad_norms), 1)
+        metrics["skipped_updates"] = float(counts.skipped)
+        metrics["nonfinite_updates"] = float(counts.nonfinite)
         if is_weights is not None:
-            metrics["tis_weight"] = float(reduce(is_weights.sum())) / max(sampled, 1.0)
-        metrics.update(extremes)
-        if metrics["ratio_min"] == float("inf"):  # no token was trained on: no ratio to report
-            metrics["ratio_min"] = 0.0
+            metrics["tis_weight"] = float(self._reduce(is_weights.sum())) / max(sampled, 1.0)
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:
@@ -369,20 +392,21 @@ class Learner:
         return self.kl_fn(self.logprobs(batch, temperature),
                           self.logprobs(batch, temperature, self.ref_model)) * batch.loss_mask
 
-    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, coefs: StepCoefs, sums: dict,
-                  is_weights: torch.Tensor | None, extremes: dict, measure: dict | None,
+    def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, coefs: StepCoefs, part: Tally,
+                  is_weights: torch.Tensor | None, measure: bool,
                   value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> bool:
-        """Forward and backward of one micro-batch; ``record=False`` (a zero-weight stand-in
-        row that only joins the gradient all-reduce) leaves the statistics alone. Returns
-        whether the loss was finite."""
+        """Forward and backward of one micro-batch, its figures (and with ``measure`` the
+        sampler/learner mismatch) added to ``part``; ``record=False`` (a zero-weight stand-in
+        row that only joins the gradient all-reduce) leaves them alone. Returns whether the loss
+        was finite."""
         cfg = self.loss_cfg
         mask = mb.loss_mask
         with self._autocast(mask.device):
             logprobs, entropy, values = self._forward(mb.input_ids, mb.attention_mask, mask, coefs.temperature,
                                                       segments=mb.segment_index,
                                                       entropy_grad=bool(coefs.entropy_coef))
-        if measure is not None and record:
-            _add_mismatch(measure, logprobs.detach(), mb.old_logprobs, mask)
+        if measure and record:
+            part.add_mismatch(logprobs.detach(), mb.old_logprobs, mask)
         pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights,
                                           **self.policy_loss_kwargs)
         ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))
@@ -417,16 +441,13 @@ class Learner:
         finite = bool(torch.isfinite(loss.detach()))
         if not record:
             return finite
-        extremes["ratio_max"] = max(extremes["ratio_max"], ratio_max)
-        extremes["ratio_min"] = min(extremes["ratio_min"], ratio_min)
-        sums["value_loss"] += value_loss
-        sums["value_clipped"] += value_clipped
-        sums["pg_loss"] += pg_loss.item()
-        sums["entropy"] += float((entropy.detach() * mask).sum())
-        sums["kl"] += float(kl_sum)
-        sums["tokens"] += float(mask.sum())
-        for k, v in stats.items():
-            sums[k] += float(v)
+        part.value_loss += value_loss
+        part.value_clipped += value_clipped
+        part.pg_loss += pg_loss.item()
+        part.entropy += float((entropy.detach() * mask).sum())
+        part.kl += float(kl_sum)
+        part.tokens += float(mask.sum())
+        part.add_stats(stats, ratio_max, ratio_min)
         return finite
 
 
@@ -442,21 +463,3 @@ def _add_lora(model, optim: OptimConfig) -> None:
                                        target_modules=list(optim.lora_target_modules)), model)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
-
-
-def _merge(sums: dict, part: dict, extremes: dict, part_extremes: dict, mismatch: dict, part_mismatch: dict) -> None:
-    """Add one minibatch's figures (``part``, ``part_extremes``, ``part_mismatch``) to the pass's."""
-    for k, v in part.items():
-        sums[k] += v
-    extremes["ratio_max"] = max(extremes["ratio_max"], part_extremes["ratio_max"])
-    extremes["ratio_min"] = min(extremes["ratio_min"], part_extremes["ratio_min"])
-    for k, v in part_mismatch.items():
-        mismatch[k] = max(mismatch[k], v) if k == "mismatch_max" else mismatch[k] + v
-
-
-def _add_mismatch(acc: dict, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> None:
-    stats = logprob_mismatch(learner_lp, sampler_lp, mask)
-    acc["mismatch_abs"] += float(stats["mismatch_abs"])
-    acc["mismatch_kl"] += float(stats["mismatch_kl"])
-    acc["mismatch_max"] = max(acc["mismatch_max"], float(stats["mismatch_max"]))
-    acc["tokens"] += float(mask.sum())
