@@ -189,3 +189,27 @@ def varied_prompts(renderer, tokenizer, guess_kwargs: dict | None = None) -> lis
            later.token_ids]
     assert len({len(p) for p in out}) == 3
     return out
+
+
+def read_reply(sock: socket.socket, head_only: bool = False) -> tuple[int | None, dict[str, str], bytes]:
+    """The next final reply on ``sock``: status (None: closed without one), headers, body."""
+    buf = b""
+    while True:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None, {}, buf
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        if status != 100:  # "100 Continue" precedes the real reply
+            break
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = 0 if head_only else int(headers.get("content-length", 0))
+    while len(buf) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return status, headers, buf[:length]

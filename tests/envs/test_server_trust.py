@@ -32,7 +32,7 @@ from turnrl.tools.executors import SandboxUnavailable, get_executor
 from turnrl.tools.serve import ToolServer
 from turnrl.tools.calculator import calculator
 
-from tests.helpers import BWRAP_INSTALL, descendants, missing_tool
+from tests.helpers import BWRAP_INSTALL, descendants, missing_tool, read_reply
 
 pytestmark = pytest.mark.slow  # every test starts a server
 
@@ -70,30 +70,6 @@ def raw(method: str, path: str, body: bytes = b"", headers: dict[str, str] | Non
         headers["Content-Length"] = str(len(body))
     head = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-
-
-def read_reply(sock: socket.socket, head_only: bool = False) -> tuple[int | None, dict[str, str], bytes]:
-    """The next final reply on ``sock``: status (None: closed without one), headers, body."""
-    buf = b""
-    while True:
-        while b"\r\n\r\n" not in buf:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return None, {}, buf
-            buf += chunk
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        if status != 100:  # "100 Continue" precedes the real reply
-            break
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = 0 if head_only else int(headers.get("content-length", 0))
-    while len(buf) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    return status, headers, buf[:length]
 
 
 def connect(url: str, timeout: float = 10.0) -> socket.socket:

@@ -26,6 +26,8 @@ from turnrl.serving import MAX_JSON_DEPTH, HTTPService, JSONReply, parse_json, s
 from turnrl.tools.calculator import calculator
 from turnrl.tools.serve import ToolServer
 
+from tests.helpers import read_reply
+
 
 class Item(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -69,21 +71,7 @@ def exchange(port: int, data: bytes) -> tuple[int | None, dict[str, str], bytes]
     """Send raw bytes on a new connection; the reply's status (None: none came), headers and body."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return None, {}, buf
-            buf += chunk
-        head, _, body = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        while len(body) < int(headers.get("content-length", 0)):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return int(lines[0].split()[1]), headers, body
+        return read_reply(sock)
 
 
 def post(path: str, body: bytes, **headers: str) -> bytes:

@@ -197,7 +197,7 @@ def env_id_of(name: str) -> str:
         if env_id not in gymnasium.registry:
             gymnasium.register(env_id, entry_point=make)
         return env_id
-    return name.partition(":")[2] if name not in gymnasium.registry and ":" in name else name
+    return name.partition(":")[2]  # module:env-id (an unregistered name without ":" raised above)
 
 
 def _resolve(name: str) -> tuple[Callable[..., gymnasium.Env], str]:
