@@ -36,9 +36,11 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/python -m turnrl.train $(ARGS)
 
-# The linter (ruff, rules in pyproject.toml); .ci/run runs it before the tests.
+# The linters (rules in pyproject.toml): ruff, and import-linter's contracts (the package's layers,
+# no import cycles); .ci/run runs them before the tests.
 lint: $(STAMP)
 	$(BIN)/python -m ruff check turnrl scripts tests
+	$(BIN)/lint-imports
 
 # Everything (what CI runs).
 test: $(STAMP) $(VLLM_STAMP)

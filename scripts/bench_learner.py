@@ -28,10 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model, build_tokenizer  # noqa: E402
-from turnrl.agents.scripted import corpus_texts, scripted_episode  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model  # noqa: E402
+from turnrl.chat.tokenizer import build_tokenizer  # noqa: E402
+from turnrl.rollout.scripted import corpus_texts, scripted_episode  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate, token_logprobs  # noqa: E402
-from turnrl.distributed import shard_rows  # noqa: E402
+from turnrl.algorithms.distributed import shard_rows  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench_stats import growth_exponent  # noqa: E402
+from turnrl.bench.stats import growth_exponent  # noqa: E402
 
 
 def _kib(field: str) -> int:

@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_learner_loop import bare_step, lean_step  # noqa: E402
-from turnrl.algorithms import Learner, LossConfig, OptimConfig, TrainBatch, scoring, token_logprobs  # noqa: E402
+from turnrl.algorithms import Learner, LossConfig, OptimConfig, TrainBatch, token_logprobs  # noqa: E402
+from turnrl.algorithms.learner import scoring  # noqa: E402
 
 # dense bf16 matrix peaks by datasheet (TFLOP/s), matched against torch.cuda.get_device_name
 DATASHEET_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: bf16 on cuda, no on cpu (bf16 autocast is slow on CPUs without bf16 "
                         "matrix units)")
     parser.add_argument("--chunked-head", default="auto", choices=["auto", "on", "off"],
-                        help="the learner's LM head a chunk of positions at a time (turnrl.algorithms.chunked_head): "
+                        help="the learner's LM head a chunk of positions at a time (turnrl.algorithms.learner.chunked_head): "
                         "auto, from scoring.CHUNKED_HEAD_MIN_ELEMENTS; on; off")
     parser.add_argument("--loops", default="bare,lean", help="torch loops timed beside the learner ('' for none)")
     parser.add_argument("--matmul-size", type=int, default=0, help="cube side of the rate check (0: 8192 on cuda, "

@@ -30,10 +30,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench_stats import emit  # noqa: E402
-from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
-from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
-from turnrl.agents.scripted import corpus_texts  # noqa: E402
+from turnrl.bench.stats import emit  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.models.causal_lm import TinyModelConfig  # noqa: E402
+from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402
+from turnrl.models.causal_lm import build_tiny_model  # noqa: E402
+from turnrl.chat.tokenizer import build_tokenizer  # noqa: E402
+from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 
 
@@ -118,7 +122,8 @@ def run(args) -> dict:
             a = timed(hf, prompts[:batch], params, args.repeats)
             rows.append({"batch": batch, "hf_tokens_per_s": a["tokens_per_s"], "hf_tokens": a["tokens"]})
         return {"setup": setup, "rows": rows}
-    from turnrl.agents.vllm_policy import VLLMPolicy, logprob_agreement
+    from turnrl.policies.vllm_engine import VLLMPolicy
+    from turnrl.train.agreement import logprob_agreement
 
     engine = dict(dtype=args.dtype, max_model_len=max(len(p) for p in prompts) + args.max_new_tokens + 16,
                   enable_prefix_caching=not args.no_prefix_caching, enforce_eager=not args.cuda_graphs)

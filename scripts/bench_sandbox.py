@@ -12,7 +12,7 @@ the calls of one episode one after another): the sandbox sides through the ``run
 (``SandboxExecutor.arun``, default ``Limits``, ``max_concurrency=--concurrency``), the bare
 side as ``/usr/bin/python3 -c CODE`` subprocesses with their output captured. Sides alternate,
 after one warm-up round; the median calls per second over ``--repeats`` rounds is kept, with
-the 95% bootstrap interval of the mean (``turnrl.bench_stats.bootstrap_ci``). Every call's
+the 95% bootstrap interval of the mean (``turnrl.bench.stats.bootstrap_ci``). Every call's
 output is checked: a wrong one stops the run. Printed: versions, the memory bound, and calls/s
 of each side with its ratio to bare subprocesses.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench_stats import bootstrap_ci, emit  # noqa: E402
+from turnrl.bench.stats import bootstrap_ci, emit  # noqa: E402
 from turnrl.tools import ToolCall, run_python, run_sync  # noqa: E402
 from turnrl.tools.executors import Limits, SandboxExecutor  # noqa: E402
 

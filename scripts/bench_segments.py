@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_segments.py [--episodes 16] [--json out.json]
 
 A template that rewrites history (Qwen3 drops earlier think blocks at a new user message) makes
-an episode go on in a new segment (``turnrl.agents.renderer``); where nothing is rewritten (tool
+an episode go on in a new segment (``turnrl.chat.renderer``); where nothing is rewritten (tool
 results, prefix-preserving templates) the episode stays one sequence. Peers that meet such
 templates train one sample per turn, each holding the whole history re-rendered. This script
 plays the same scripted episodes (the env's expert, its turns written with a thought block for
@@ -26,8 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model  # noqa: E402
-from turnrl.agents.families import family_tokenizer  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
+from turnrl.chat.families import family_tokenizer  # noqa: E402
 from turnrl.algorithms import collate, token_logprobs  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout.trajectory import Trajectory  # noqa: E402

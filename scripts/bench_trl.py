@@ -18,7 +18,7 @@ clip 0.2, token-mean aggregation, no KL, gradient clipping at 1.0, constant lear
   these envs answer at once, so threads would only add overhead); TRL runs ``GRPOTrainer.train``.
 * ``tools``: tool episodes. ``CalcMathEnv`` problems (``"Compute 37 + 24 * 5."``, two operations)
   with the ``calculator`` tool, at most 2 calls and an answer per episode, reward 1.0 for the right
-  ``Answer: N``. Both sides start from the same warm start (``turnrl.warmstart.warm_start`` on the
+  ``Answer: N``. Both sides start from the same warm start (``turnrl.train.warm_start.warm_start`` on the
   env's scripted expert), so the model writes calls. TRL gets the calculator as ``tools=`` (a
   function with the same name, docstring and results) and ``max_tool_calling_iterations=2``.
 
@@ -59,17 +59,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench_stats import emit  # noqa: E402
-from turnrl.agents import ChatRenderer, SamplingParams, TransformersPolicy  # noqa: E402
-from turnrl.agents.scripted import corpus_texts  # noqa: E402
-from turnrl.agents.tiny_hf import build_model, template_tokenizer  # noqa: E402
+from turnrl.bench.stats import emit  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402
+from turnrl.rollout.scripted import corpus_texts  # noqa: E402
+from turnrl.models.tiny_checkpoints import build_model, template_tokenizer  # noqa: E402
 from turnrl.algorithms import ADVANTAGES, Learner, LossConfig, OptimConfig, StepCoefs, collate  # noqa: E402
-from turnrl.algorithms.credit import assign_credit  # noqa: E402
+from turnrl.algorithms.credit.assign import assign_credit  # noqa: E402
 from turnrl.envs import CalcMathEnv  # noqa: E402
 from turnrl.envs.base import MultiTurnEnv, TurnOutcome  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.tools.calculator import evaluate, format_number  # noqa: E402
-from turnrl.warmstart import warm_start  # noqa: E402
+from turnrl.train.warm_start import warm_start  # noqa: E402
 
 BENCHES = ("single", "tools")
 INT = re.compile(r"-?\d+")

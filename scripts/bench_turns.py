@@ -1,6 +1,6 @@
 """Rollout time against turns per episode, with and without the transformers backend's prefix
 cache (the keys and values of an episode's history kept across its turns): kept in rows of one
-buffer (``turnrl.agents.row_cache``, the default), copied into each call's buffer and out again
+buffer (``turnrl.policies.hf.row_cache``, the default), copied into each call's buffer and out again
 (``row_cache=False``), or with keys and values concatenated per token (transformers'
 ``DynamicCache``); and against raw ``model.generate`` loops of the same tokens, side by side.
 
@@ -59,11 +59,15 @@ from transformers import DynamicCache
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
-from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
-from turnrl.agents.scripted import corpus_texts  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.models.causal_lm import TinyModelConfig  # noqa: E402
+from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402
+from turnrl.models.causal_lm import build_tiny_model  # noqa: E402
+from turnrl.chat.tokenizer import build_tokenizer  # noqa: E402
+from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate  # noqa: E402
-from turnrl.bench_stats import emit, growth_exponent  # noqa: E402
+from turnrl.bench.stats import emit, growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 

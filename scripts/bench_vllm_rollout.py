@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_turns import guess_number_model  # noqa: E402
-from turnrl.agents import SamplingParams  # noqa: E402
-from turnrl.agents.vllm_policy import _SEED_BOUND, VLLMPolicy  # noqa: E402
+from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.policies.vllm_engine import _SEED_BOUND, VLLMPolicy  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 

@@ -7,7 +7,7 @@
 #      the LM head unchunked (--chunked-head off: its time and peak memory against the chunked head)
 #   3. a few RL steps on cuda with bf16 autocast (python -m turnrl.train, transformers backend),
 #      synchronous and with asynchronous rollouts (max_staleness=1)
-#   4. the vLLM policy tests on cuda (tests/agents/test_vllm_policy.py), if vLLM's CUDA build imports
+#   4. the vLLM policy tests on cuda (tests/policies/test_vllm_policy.py), if vLLM's CUDA build imports
 #   5. rollout throughput, vLLM vs transformers generate, on cuda with a bigger model, and the vLLM
 #      backend's multi-turn rollout against a standalone engine fed the same prompts
 #   6. a few RL steps with the vLLM rollout backend (agent.backend=vllm) on cuda
@@ -110,7 +110,7 @@ stage train_async 120 "$PYTHON" -m turnrl.train "${TRAIN_ARGS[@]}" trainer.async
 
 # ---------------------------------------------------------------- 4. the vLLM policy tests on cuda
 if [ "$HAVE_VLLM" -eq 1 ]; then
-  stage vllm_tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/agents/test_vllm_policy.py
+  stage vllm_tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/policies/test_vllm_policy.py
 else
   skip vllm_tests "vLLM's CUDA build does not import (see $OUT/vllm_import.log)"
 fi

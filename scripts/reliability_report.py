@@ -683,7 +683,7 @@ def train_worker(args: dict) -> dict:
 
     from omegaconf import OmegaConf
 
-    from turnrl.trainer import train
+    from turnrl.train.loop import train
 
     cfg = tiny_config(**args["overrides"])
     start: dict = {}
@@ -755,8 +755,9 @@ def case_flaky_env(res: Result, opts, progress: Progress, tmp: Path) -> None:
 def tools_worker(args: dict) -> dict:
     """Roll out ``ToolFaultsEnv`` episodes (one per tool) with a scripted policy through the
     real collector; report each episode; the parent times this process's exit."""
-    from turnrl.agents import ChatRenderer, Generation, SamplingParams
-    from turnrl.agents.tokenizer import build_tokenizer
+    from turnrl.chat.renderer import ChatRenderer
+    from turnrl.policies.sampling import Generation, SamplingParams
+    from turnrl.chat.tokenizer import build_tokenizer
     from turnrl.rollout import RolloutCollector, Task
     from turnrl.rollout.metrics import rollout_metrics
 
@@ -855,8 +856,8 @@ def checkpoint_worker(args: dict) -> dict:
 
     from omegaconf import OmegaConf
 
-    import turnrl.checkpoint as checkpoint
-    from turnrl.trainer import train
+    import turnrl.train.checkpoint as checkpoint
+    from turnrl.train.loop import train
 
     hold = args.get("hold_step")
     if hold is not None:
@@ -973,10 +974,12 @@ def nan_batch_worker(args: dict) -> dict:
 
     import torch
 
-    from turnrl.agents import ChatRenderer, SamplingParams, TransformersPolicy
-    from turnrl.agents.model import TinyModelConfig, build_tiny_model
-    from turnrl.agents.scripted import corpus_texts
-    from turnrl.agents.tokenizer import build_tokenizer
+    from turnrl.chat.renderer import ChatRenderer
+    from turnrl.policies.sampling import SamplingParams
+    from turnrl.policies.hf.policy import TransformersPolicy
+    from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
+    from turnrl.rollout.scripted import corpus_texts
+    from turnrl.chat.tokenizer import build_tokenizer
     from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate
     from turnrl.rollout import RolloutCollector, Task
 
@@ -1227,7 +1230,7 @@ CASES: dict[str, Case] = {
         "it must be clean, on sessions of the new server.", case_server_restart),
     "flaky_env": Case(
         "Env whose reset and step raise",
-        "Three runs of `turnrl.trainer.train` on a GuessNumber subclass (`env._target_`): reset raises 10% of the "
+        "Three runs of `turnrl.train.loop.train` on a GuessNumber subclass (`env._target_`): reset raises 10% of the "
         "time and step 15%; every step raises; every reset raises once RL has begun, as when an env server is down "
         "for a whole step. Each must complete, count its failures in `infra_failure_rate`, and the last two must "
         "leave every weight as it was before RL: a failed episode carries no gradient.", case_flaky_env),

@@ -18,9 +18,13 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy  # noqa: E402
-from turnrl.agents import build_tiny_model, build_tokenizer  # noqa: E402
-from turnrl.agents.scripted import corpus_texts  # noqa: E402
+from turnrl.chat.renderer import ChatRenderer  # noqa: E402
+from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.models.causal_lm import TinyModelConfig  # noqa: E402
+from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402
+from turnrl.models.causal_lm import build_tiny_model  # noqa: E402
+from turnrl.chat.tokenizer import build_tokenizer  # noqa: E402
+from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 from turnrl.envs import CalcMathEnv, GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 

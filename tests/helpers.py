@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from turnrl.agents.tokenizer import CHAT_TEMPLATE
+from turnrl.chat.tokenizer import CHAT_TEMPLATE
 
 STRIPPING = CHAT_TEMPLATE.replace("message['content']", "(message['content'] | trim)")
 """The tiny model's template with every message's content trimmed (rewrites a turn with edge whitespace)."""
@@ -151,9 +151,9 @@ def warm_vllm_model(tokenizer, renderer):
     so that sampled turns end both at the end-of-turn id and at ``max_new_tokens``."""
     import torch
 
-    from turnrl.agents import TinyModelConfig, build_tiny_model
+    from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
     from turnrl.envs import GuessNumberEnv
-    from turnrl.warmstart import warm_start
+    from turnrl.train.warm_start import warm_start
 
     model = build_tiny_model(TinyModelConfig(**VLLM_TINY), tokenizer, seed=0)
     torch.manual_seed(0)

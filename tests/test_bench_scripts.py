@@ -70,9 +70,13 @@ def test_bench_turns_replays_the_collectors_observations_and_counts_their_arithm
     LM head of each sampled token."""
     import importlib.util
 
-    from turnrl.agents import ChatRenderer, SamplingParams, TinyModelConfig, TransformersPolicy
-    from turnrl.agents import build_tiny_model, build_tokenizer
-    from turnrl.agents.scripted import corpus_texts
+    from turnrl.chat.renderer import ChatRenderer
+    from turnrl.policies.sampling import SamplingParams
+    from turnrl.models.causal_lm import TinyModelConfig
+    from turnrl.policies.hf.policy import TransformersPolicy
+    from turnrl.models.causal_lm import build_tiny_model
+    from turnrl.chat.tokenizer import build_tokenizer
+    from turnrl.rollout.scripted import corpus_texts
     from turnrl.envs import GuessNumberEnv
     from turnrl.rollout import RolloutCollector, Task
 

@@ -1,5 +1,6 @@
 """The ``turnrl`` command line, run as ``python -m turnrl`` in a subprocess."""
 
+import importlib
 import re
 import signal
 import socket
@@ -10,7 +11,7 @@ import textwrap
 import httpx
 import pytest
 
-from turnrl.cli import _kwarg
+from turnrl.cli import COMMANDS, _kwarg, _parser, main
 from turnrl.envs import registered_env_ids
 
 
@@ -92,6 +93,47 @@ def test_list_envs():
                                             ("s=a=b", ("s", "a=b"))])
 def test_kwarg_values_are_json_else_str(text, expected):
     assert _kwarg(text) == expected
+
+
+def test_every_command_names_a_handler_that_loads():
+    subcommands = next(a for a in _parser()._subparsers._group_actions if a.choices).choices
+    assert set(subcommands) == set(COMMANDS)
+    for command, entry_point in COMMANDS.items():
+        module, sep, function = entry_point.partition(":")
+        assert sep and module.startswith("turnrl.cli."), (command, entry_point)
+        assert callable(getattr(importlib.import_module(module), function)), (command, entry_point)
+
+
+@pytest.mark.slow
+def test_the_command_line_starts_without_torch():
+    code = ("import sys; from turnrl.cli import main; code = main(['list-envs']); "
+            "heavy = sorted({'torch', 'hydra'} & set(sys.modules)); print(heavy, file=sys.stderr); "
+            "sys.exit(code or bool(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr.strip() == "[]", result.stderr
+
+
+def test_train_takes_everything_after_it_as_hydra_arguments():
+    assert _parser().parse_args(["train"]).overrides == []
+    args = _parser().parse_args(["train", "env=guess_number", "-m", "seed=0,1"])
+    assert args.command == "train" and args.overrides == ["env=guess_number", "-m", "seed=0,1"]
+
+
+def test_train_hands_hydra_its_arguments_flags_first_included_and_restores_argv(monkeypatch):
+    train_command = importlib.import_module(COMMANDS["train"].partition(":")[0])
+    seen = []
+    monkeypatch.setattr(train_command, "train_main", lambda: seen.append(list(sys.argv)))
+    argv = list(sys.argv)
+    assert main(["train", "-m", "--cfg", "job", "seed=0,1"]) == 0
+    assert seen == [["turnrl train", "-m", "--cfg", "job", "seed=0,1"]] and sys.argv == argv
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_train_runs_the_hydra_entry_point_and_exits_nonzero_on_a_bad_key():
+    result = turnrl("train", "trainer.stepz=1")
+    assert result.returncode != 0
+    assert "trainer.stepz" in result.stderr and "Key 'stepz' not in 'TrainerConfig'" in result.stderr
 
 
 # ----------------------------------------------------------------- serve-env

@@ -4,7 +4,7 @@ Every relative link (and its #anchor) resolves; every ```python block compiles; 
 in a ```bash block parses: ``python -m turnrl SUB ...`` with the real argparse parser (for
 ``bench --suite``, the suite is loaded and its cells' overrides composed),
 ``python -m turnrl.train ...`` (also under ``accelerate launch``) composed by Hydra against
-the schema, ``python -m turnrl.bench ...`` with its own parser, ``make TARGET`` against the
+the schema, ``python -m turnrl.bench.grid ...`` with its own parser, ``make TARGET`` against the
 Makefile; and every config key, repository path and ``turnrl.`` name written in inline code
 exists. The README's own-env example is run by ``tests/test_readme_example.py`` and the
 docs' gymnasium snippet by ``tests/envs/test_env_registration.py``.
@@ -240,7 +240,11 @@ def check_command(argv: list[str]) -> None:
         return
     assert argv[0] == "python" and argv[1] == "-m", argv
     module, args = argv[2], argv[3:]
-    if module == "turnrl":
+    if module == "turnrl" and args[:1] == ["grid"]:
+        check_bench(args[1:])
+    elif module == "turnrl" and args[:1] == ["train"]:
+        compose_overrides([a for a in args[1:] if a != "-m"])
+    elif module == "turnrl":
         from turnrl.cli import _parser
 
         parsed = _parser().parse_args(args)  # exits (fails the test) on an unknown subcommand or option
@@ -250,14 +254,12 @@ def check_command(argv: list[str]) -> None:
         if any(a.startswith("hydra.searchpath") for a in args):
             return  # composed with the user's config folder: run for real by test_readme_example.py
         compose_overrides([a for a in args if a != "-m"])
-    elif module == "turnrl.bench":
-        check_bench(args)
     else:
         assert importlib.util.find_spec(module) is not None, f"no module {module}"
 
 
 def check_bench(args: list[str]) -> None:
-    import turnrl.bench as bench
+    import turnrl.bench.grid as bench
 
     seen = {}
 
@@ -280,7 +282,7 @@ def check_bench(args: list[str]) -> None:
 def check_suite(args) -> None:
     """``turnrl bench --suite``: the suite and the selection exist, and each env's first cell
     composes with the command's overrides."""
-    from turnrl.bench_suite import load_suite
+    from turnrl.bench.suite import load_suite
 
     suite = load_suite(args.suite).select(args.envs, args.methods, args.seeds)
     for env in suite.envs:

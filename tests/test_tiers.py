@@ -5,8 +5,9 @@ Read statically (``ast``, no imports, well under a second): a test *runs* someth
 body, or a module-level function, fixture or class it names (through its arguments or calls,
 followed transitively, conftest.py fixtures included), calls
 
-- the trainer (``turnrl.trainer.train``, the ``turnrl.train`` / ``turnrl.bench`` /
-  ``turnrl.bench_suite`` entry points, a ``python -m turnrl.train`` command) or starts a
+- the trainer (``turnrl.train.loop.train``, the ``turnrl.train.entry`` / ``turnrl.bench.grid`` /
+  ``turnrl.bench.suite`` entry points, a ``python -m turnrl.train`` or ``python -m turnrl train``
+  command, the latter also through a helper of the test module that runs ``-m turnrl *args``) or starts a
   server (``spawn_policy_server``,
   ``start_server``, ``serve-env`` / ``serve-policy`` / ``turnrl.tools.serve`` / a vLLM server
   command): then it must be marked ``e2e`` and ``slow``;
@@ -24,19 +25,21 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 # qualified names (module.attr as imported) whose call means an end-to-end run
-E2E_CALLS = {"turnrl.trainer.train", "turnrl.train.main", "turnrl.bench.main", "turnrl.bench_suite.main",
-             "turnrl.bench_suite.run_suite", "turnrl.bench.train_cell", "turnrl.bench_suite.train_cell",
-             "turnrl.agents.policy_server.spawn_policy_server", "tests.helpers.start_server"}
+E2E_CALLS = {"turnrl.train.loop.train", "turnrl.train.entry.main", "turnrl.bench.grid.main",
+             "turnrl.bench.suite.run_suite", "turnrl.bench.grid.train_cell", "turnrl.bench.suite.train_cell",
+             "turnrl.policies.server.spawn_policy_server", "tests.helpers.start_server"}
 # argv strings of an end-to-end run (trainer CLI, servers)
 E2E_STRINGS = {"turnrl.train", "turnrl-train", "serve-env", "serve-policy", "turnrl.tools.serve",
                "vllm.entrypoints.openai.api_server"}
+# the ``turnrl`` command line's subcommand that trains: ``[..., "turnrl", "train", ...]``
+E2E_SUBCOMMAND = ("turnrl", "train")
 # names whose use means a slow test: a vLLM engine, a docker engine, a new interpreter of this
 # Python (it imports turnrl and torch: seconds before it does anything)
-SLOW_NAMES = {"turnrl.agents.vllm_policy.VLLMPolicy", "tests.helpers.warm_vllm_model",
-              "turnrl.tools.executors.docker.connect", "sys.executable"}
+SLOW_NAMES = {"turnrl.policies.vllm_engine.VLLMPolicy", "tests.helpers.warm_vllm_model",
+              "turnrl.tools.executors.docker.executor.connect", "sys.executable"}
 # files that name the trainer or the servers without running them
 READ_ONLY = {"test_docs.py": "parses the documented command lines against the real parsers",
-             "test_trainer_shape.py": "reads train()'s source and the package's syntax trees"}
+             "train/test_trainer_shape.py": "reads train()'s source and the package's syntax trees"}
 
 
 def _imports(tree: ast.Module) -> dict[str, str]:
@@ -63,11 +66,41 @@ def _qualified(node: ast.AST, imports: dict[str, str]) -> str | None:
     return ".".join([imports[node.id], *reversed(parts)])
 
 
-def _scan(node: ast.AST, imports: dict[str, str]) -> tuple[set[str], set[str]]:
+def _strings(nodes: list[ast.expr]) -> list[str | None]:
+    return [n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None for n in nodes]
+
+
+def _runs_the_trainer_subcommand(strings: list[str | None]) -> bool:
+    """``"turnrl", "train"`` one after the other (``-m turnrl train``, the ``turnrl train`` script)."""
+    return any(tuple(strings[i:i + 2]) == E2E_SUBCOMMAND for i in range(len(strings) - 1))
+
+
+def _cli_helpers(definitions: dict[str, ast.AST]) -> set[str]:
+    """Functions that run ``-m turnrl`` with their arguments after it (``[..., "-m", "turnrl", *args]``):
+    a call of one with ``"train"`` first runs the trainer."""
+    helpers = set()
+    for name, node in definitions.items():
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.List, ast.Tuple)):
+                strings = _strings(sub.elts)
+                if any(strings[i:i + 2] == ["-m", "turnrl"] and isinstance(sub.elts[i + 2], ast.Starred)
+                       for i in range(len(strings) - 2)):
+                    helpers.add(name)
+    return helpers
+
+
+def _scan(node: ast.AST, imports: dict[str, str], cli_helpers: set[str] = frozenset()) -> tuple[set[str], set[str]]:
     """The marks the code under ``node`` itself requires, and the names it uses (the names in its
     body and, for a function, its argument names: the fixtures of a test or fixture)."""
     needs, names = set(), set()
     for sub in ast.walk(node):
+        if isinstance(sub, (ast.List, ast.Tuple)) and _runs_the_trainer_subcommand(_strings(sub.elts)):
+            needs |= {"e2e", "slow"}
+        elif isinstance(sub, ast.Call) and (
+                _runs_the_trainer_subcommand(_strings(sub.args))
+                or (isinstance(sub.func, ast.Name) and sub.func.id in cli_helpers
+                    and _strings(sub.args[:1]) == ["train"])):
+            needs |= {"e2e", "slow"}
         if isinstance(sub, ast.Constant):
             if isinstance(sub.value, str) and sub.value in E2E_STRINGS:
                 needs |= {"e2e", "slow"}
@@ -107,12 +140,13 @@ def tier_problems(source: str, conftests: list[str] = (), where: str = "<test mo
         cimports = _imports(ctree)
         defs.update({name: (node, cimports) for name, node in _definitions(ctree).items()})
     defs.update({name: (node, imports) for name, node in _definitions(tree).items()})
+    cli_helpers = _cli_helpers({name: node for name, (node, _) in defs.items()})
 
     own: dict[int, tuple[set[str], set[str]]] = {}  # id(definition) -> (its own needs, names it uses)
 
     def required(node: ast.AST, imps: dict[str, str], seen: set[str]) -> set[str]:
         if id(node) not in own:
-            own[id(node)] = _scan(node, imps)
+            own[id(node)] = _scan(node, imps, cli_helpers)
         needs, refs = own[id(node)]
         needs = set(needs)
         for ref in refs - seen:
@@ -162,7 +196,7 @@ def test_every_training_server_engine_or_subprocess_test_is_in_the_slow_tier():
 UNMARKED = '''
 import subprocess, sys
 import pytest
-from turnrl.trainer import train as run_training
+from turnrl.train.loop import train as run_training
 from tests.helpers import start_server
 
 def _config():
@@ -219,3 +253,32 @@ def test_the_check_accepts_module_function_and_class_marks():
     assert tier_problems(marked) == ["<test module>::test_cli runs a trainer or server but is not marked e2e and slow"]
     whole_module = marked + "\npytestmark = [pytest.mark.slow, pytest.mark.e2e]\n"
     assert tier_problems(whole_module) == []
+
+
+TRAIN_SUBCOMMAND = '''
+import subprocess, sys
+import pytest
+
+def turnrl(*args):
+    return subprocess.run([sys.executable, "-m", "turnrl", *args])
+
+def test_lists_envs():
+    turnrl("list-envs")
+
+def test_trains_through_the_helper():
+    turnrl("train", "trainer.steps=1")
+
+def test_trains_by_argv():
+    subprocess.run(["turnrl", "train", "seed=1"])
+
+def test_names_the_split():
+    assert "train" in ["train", "test"]
+'''
+
+
+def test_the_check_finds_the_turnrl_train_subcommand():
+    problems = tier_problems(TRAIN_SUBCOMMAND)
+    assert [p.split("::")[1].split(" ")[0] for p in problems] == [
+        "test_lists_envs", "test_trains_through_the_helper", "test_trains_by_argv"]
+    assert problems[0].endswith("not marked slow")
+    assert all(p.endswith("not marked e2e and slow") for p in problems[1:])

@@ -12,18 +12,18 @@ import gymnasium
 NAMESPACE = "turnrl"
 
 ENV_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
-    ("turnrl/GuessNumber-v0", "turnrl.envs.guess_number:GuessNumberEnv"),
-    ("turnrl/CalcMath-v0", "turnrl.envs.calc_math:CalcMathEnv"),
-    ("turnrl/Mastermind-v0", "turnrl.envs.mastermind:MastermindEnv"),
-    ("turnrl/Wordle-v0", "turnrl.envs.wordle:WordleEnv"),
-    ("turnrl/FrozenLake-v0", "turnrl.envs.frozen_lake:FrozenLakeEnv"),
-    ("turnrl/Sokoban-v0", "turnrl.envs.sokoban:SokobanEnv"),
-    ("turnrl/Household-v0", "turnrl.envs.household:HouseholdEnv"),
+    ("turnrl/GuessNumber-v0", "turnrl.envs.games.guess_number:GuessNumberEnv"),
+    ("turnrl/CalcMath-v0", "turnrl.envs.tasks.calc_math:CalcMathEnv"),
+    ("turnrl/Mastermind-v0", "turnrl.envs.games.mastermind:MastermindEnv"),
+    ("turnrl/Wordle-v0", "turnrl.envs.games.wordle:WordleEnv"),
+    ("turnrl/FrozenLake-v0", "turnrl.envs.games.frozen_lake:FrozenLakeEnv"),
+    ("turnrl/Sokoban-v0", "turnrl.envs.games.sokoban:SokobanEnv"),
+    ("turnrl/Household-v0", "turnrl.envs.games.household:HouseholdEnv"),
     ("turnrl/Mixture-v0", "turnrl.envs.mixture:MixtureEnv"),
-    ("turnrl/RetrievalQA-v0", "turnrl.envs.retrieval_qa:RetrievalQAEnv"),
+    ("turnrl/RetrievalQA-v0", "turnrl.envs.tasks.retrieval_qa:RetrievalQAEnv"),
     ("turnrl/ReasoningGym-v0", "turnrl.envs.adapters.reasoning_gym:ReasoningGymEnv"),
     ("turnrl/Taxi-v0", "turnrl.envs.adapters.toy_text:ToyTextEnv"),
-    ("turnrl/PythonCoding-v0", "turnrl.envs.python_coding:PythonCodingEnv"),
+    ("turnrl/PythonCoding-v0", "turnrl.envs.tasks.python_coding:PythonCodingEnv"),
 )
 
 

@@ -13,10 +13,10 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from turnrl.agents.scripted import scripted_episode
+from turnrl.rollout.scripted import scripted_episode
 from turnrl.algorithms import VALUE_TARGETS, Learner, LossConfig, OptimConfig, collate, token_logprobs
-from turnrl.algorithms.critic import Critic, CriticLearner
-from turnrl.build import advantage_fn
+from turnrl.algorithms.learner.critic import Critic, CriticLearner
+from turnrl.train.factories import advantage_fn
 from turnrl.conf.schema import register_configs
 from turnrl.envs import GuessNumberEnv
 
@@ -143,7 +143,7 @@ def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
 
 @pytest.mark.slow
 def test_a_shared_value_head_trains_on_the_policys_own_forward(mixed_batch, tiny_model):
-    from turnrl.algorithms.critic import new_value_head
+    from turnrl.algorithms.learner.critic import new_value_head
 
     model = copy.deepcopy(tiny_model)
     head = new_value_head(model.config.hidden_size)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from tests.helpers import learner_settings
-from turnrl.algorithms import Learner, scoring, token_logprobs
-from turnrl.algorithms.chunked_head import chunked_logprobs
+from turnrl.algorithms import Learner, token_logprobs
+from turnrl.algorithms.learner import scoring
+from turnrl.algorithms.learner.chunked_head import chunked_logprobs
 
 from tests.tolerances import (adam_first_step_tol, entropy_tol, eps, float_tol, grad_tol, logit_magnitude,
                               logprob_tol, max_abs)

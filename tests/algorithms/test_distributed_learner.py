@@ -61,7 +61,7 @@ def parameter_tol(config, tokens: int, param: torch.Tensor, steps: int) -> torch
 def fixed_batch(tokenizer, renderer, model):
     """3 tasks x 4 scripted players of GuessNumber (mixed lengths and outcomes), scored by
     ``model``, and fixed advantages (a seeded value per row on its sampled tokens)."""
-    from turnrl.agents.scripted import scripted_episode
+    from turnrl.rollout.scripted import scripted_episode
     from turnrl.algorithms import collate, token_logprobs
     from turnrl.envs import GuessNumberEnv
 
@@ -98,9 +98,11 @@ def worker(out: Path) -> None:
     from accelerate import Accelerator
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model, build_tokenizer
-    from turnrl.agents.scripted import corpus_texts
-    from turnrl.distributed import shard_rows
+    from turnrl.chat.renderer import ChatRenderer
+    from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
+    from turnrl.chat.tokenizer import build_tokenizer
+    from turnrl.rollout.scripted import corpus_texts
+    from turnrl.algorithms.distributed import shard_rows
     from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
     torch.set_num_threads(1)
@@ -234,7 +236,7 @@ def test_gradients_are_all_reduced_once_per_optimizer_step(two_process_run, mode
 
 
 def test_shard_rows_reproduces_every_global_minibatch():
-    from turnrl.distributed import minibatch_splits, shard_rows
+    from turnrl.algorithms.distributed import minibatch_splits, shard_rows
 
     for n in range(1, 40):
         for k in range(1, 6):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from turnrl.agents.scripted import scripted_episode
-from turnrl.algorithms.dpo import DPOConfig, DPOTrainer, dpo_loss, load_pairs, pairs_from_groups, sequence_logprobs
+from turnrl.rollout.scripted import scripted_episode
+from turnrl.algorithms.pre_rl.dpo import DPOConfig, DPOTrainer, dpo_loss, load_pairs, pairs_from_groups, sequence_logprobs
 from turnrl.envs import GuessNumberEnv
 from tests.algorithms.test_credit_estimators import traj
 from tests.tolerances import float_tol, logprob_tol_for, max_abs

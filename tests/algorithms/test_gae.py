@@ -8,7 +8,7 @@ import torch
 
 import tests.algorithms.test_credit_estimators as credit
 from turnrl.algorithms import collate
-from turnrl.algorithms.gae import pack, token_gae, token_rewards, turn_level_gae
+from turnrl.algorithms.credit.gae import pack, token_gae, token_rewards, turn_level_gae
 from tests.algorithms.test_credit_estimators import traj
 from tests.tolerances import float_tol
 

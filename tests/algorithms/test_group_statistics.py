@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from turnrl.algorithms import ADVANTAGES, collate
-from turnrl.algorithms.groups import group_stats, leave_one_out_centred, whiten
+from turnrl.algorithms.credit.groups import group_stats, leave_one_out_centred, whiten
 from turnrl.rollout import Trajectory
 
 from tests.tolerances import float_tol

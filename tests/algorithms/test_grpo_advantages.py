@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from turnrl.algorithms import ADVANTAGES, KL_ESTIMATORS, collate, grpo
-from turnrl.algorithms.groups import group_stats
+from turnrl.algorithms.credit.groups import group_stats
 from turnrl.rollout import Trajectory
 
 from tests.tolerances import float_tol

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from tests.helpers import learner_settings
-from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.algorithms import ADVANTAGES, VALUE_TARGETS, Learner, collate
 from turnrl.algorithms.anchors import NO_ANCHOR, anchor_index
-from turnrl.algorithms.critic import Critic, CriticLearner
-from turnrl.credit_lab.estimate import LAB_ESTIMATORS
+from turnrl.algorithms.learner.critic import Critic, CriticLearner
+from turnrl.bench.credit_lab.estimate import LAB_ESTIMATORS
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task, Trajectory
 from turnrl.rollout.metrics import rollout_metrics

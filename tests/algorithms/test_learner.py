@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.helpers import learner_settings
-from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.algorithms import AGGREGATIONS, Learner, OptimConfig, StepCoefs, collate, token_logprobs
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task

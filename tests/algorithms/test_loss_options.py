@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from turnrl.algorithms import AGGREGATIONS, KL_ESTIMATORS, collate, ppo_clip_loss
-from turnrl.algorithms.importance import logprob_mismatch, truncated_is_weights
+from turnrl.algorithms.losses.importance import logprob_mismatch, truncated_is_weights
 from turnrl.algorithms.kl_control import KLController, kl_penalized
 from turnrl.algorithms.schedules import SCHEDULES
 from tests.algorithms.test_credit_estimators import traj

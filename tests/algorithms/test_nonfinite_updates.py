@@ -26,8 +26,8 @@ if str(ROOT) not in sys.path:
 
 from tests.helpers import learner_settings  # noqa: E402
 from turnrl.algorithms import Learner, collate  # noqa: E402
-from turnrl.algorithms.critic import Critic, CriticLearner  # noqa: E402
-from turnrl.algorithms.critic import new_value_head  # noqa: E402
+from turnrl.algorithms.learner.critic import Critic, CriticLearner  # noqa: E402
+from turnrl.algorithms.learner.critic import new_value_head  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ACCELERATE_CONFIG = ROOT / "turnrl/conf/accelerate/cpu_2proc.yaml"
@@ -85,7 +85,7 @@ def test_a_nonfinite_loss_skips_the_step_leaving_weights_and_optimizer_state(fre
     first = learner.update(batch, advantages)  # moments and a step count to keep
     assert first["nonfinite_updates"] == 0.0 and first["skipped_updates"] == 0.0
     before = snapshot(fresh_model, learner.optimizer)
-    with caplog.at_level("WARNING", logger="turnrl.algorithms.learner"):
+    with caplog.at_level("WARNING", logger="turnrl.algorithms.learner.learner"):
         metrics = learner.update(*poisoned(batch, advantages, how))
     assert_untouched(fresh_model, learner.optimizer, before)
     assert metrics["nonfinite_updates"] == 1.0 and metrics["skipped_updates"] == 1.0
@@ -154,7 +154,7 @@ def test_a_nonfinite_critic_loss_skips_the_critics_step(fresh_model, rl_batch):
 
 
 def test_the_run_log_counts_nonfinite_updates_since_the_start():
-    from turnrl.record import nonfinite_total
+    from turnrl.train.recorder import nonfinite_total
 
     history = []
     for step, (policy, critic) in enumerate([(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (2.0, 0.0)]):
@@ -175,8 +175,10 @@ def worker(out: Path) -> None:
     """One process of the 2-process run (under ``accelerate launch``)."""
     from accelerate import Accelerator
 
-    from turnrl.agents import ChatRenderer, TinyModelConfig, build_tiny_model, build_tokenizer
-    from turnrl.agents.scripted import corpus_texts, scripted_episode
+    from turnrl.chat.renderer import ChatRenderer
+    from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
+    from turnrl.chat.tokenizer import build_tokenizer
+    from turnrl.rollout.scripted import corpus_texts, scripted_episode
     from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
     import numpy as np

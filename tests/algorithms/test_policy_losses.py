@@ -13,8 +13,8 @@ import torch
 
 from tests.helpers import learner_settings
 from turnrl.algorithms import AGGREGATIONS, POLICY_LOSSES, Learner, LossConfig, OptimConfig, collate, ppo_clip_loss
-from turnrl.algorithms.policy_losses import TENSORS, cispo_loss, gspo_loss, policy_loss_settings
-from turnrl.algorithms.scoring import token_logprobs
+from turnrl.algorithms.losses.policy import TENSORS, cispo_loss, gspo_loss, policy_loss_settings
+from turnrl.algorithms.learner.scoring import token_logprobs
 
 from tests.tolerances import adam_first_step_tol, grad_tol, max_abs
 

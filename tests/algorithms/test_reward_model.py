@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from turnrl.agents.scripted import scripted_episode
-from turnrl.algorithms.dpo import PreferencePair
-from turnrl.algorithms.reward_model import (RewardModel, RewardModelConfig, RewardModelTrainer,
+from turnrl.rollout.scripted import scripted_episode
+from turnrl.algorithms.pre_rl.dpo import PreferencePair
+from turnrl.algorithms.pre_rl.reward_model import (RewardModel, RewardModelConfig, RewardModelTrainer,
                                             bradley_terry_loss, calibration)
 from turnrl.envs import GuessNumberEnv
-from turnrl.envs.reward_model import RewardModelReward
+from turnrl.train.reward_model_env import RewardModelReward
 
 from tests.tolerances import float_tol, head_bound, network_tol
 

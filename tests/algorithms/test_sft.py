@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from turnrl.agents.scripted import scripted_episode
+from turnrl.rollout.scripted import scripted_episode
 from turnrl.algorithms import collate
-from turnrl.algorithms.sft import sft_loss
+from turnrl.algorithms.pre_rl.sft import sft_loss
 from turnrl.envs import CalcMathEnv, GuessNumberEnv
 
 from tests.tolerances import float_tol, logprob_tol_for

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from turnrl.algorithms.batch import collate
-from turnrl.algorithms.credit import assign_credit
-from turnrl.algorithms.gae import token_gae, turn_level_gae
-from turnrl.algorithms.losses import ppo_clip_loss
-from turnrl.algorithms.policy_losses import cispo_loss, gspo_loss
+from turnrl.algorithms.credit.assign import assign_credit
+from turnrl.algorithms.credit.gae import token_gae, turn_level_gae
+from turnrl.algorithms.losses.token_losses import ppo_clip_loss
+from turnrl.algorithms.losses.policy import cispo_loss, gspo_loss
 from turnrl.algorithms.shapes import same_shape
 from turnrl.rollout import Trajectory
 

@@ -1,13 +1,13 @@
-"""The learner's forward with shared prompts run once (``turnrl.algorithms.shared_prompt``)."""
+"""The learner's forward with shared prompts run once (``turnrl.algorithms.learner.shared_prompt``)."""
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from turnrl.algorithms import shared_prompt
-from turnrl.algorithms.critic import Critic
-from turnrl.algorithms.scoring import token_logprobs
-from turnrl.algorithms.shared_prompt import prompt_groups, shared_prompt_hidden, suffix_buckets
+from turnrl.algorithms.learner import shared_prompt
+from turnrl.algorithms.learner.critic import Critic
+from turnrl.algorithms.learner.scoring import token_logprobs
+from turnrl.algorithms.learner.shared_prompt import prompt_groups, shared_prompt_hidden, suffix_buckets
 
 from tests.tolerances import entropy_tol, grad_tol, logit_magnitude, logprob_tol, max_abs, network_tol
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from turnrl.algorithms.update_tally import Tally
+from turnrl.algorithms.learner.tally import Tally
 
 
 def part(tokens, entropy, pg_loss, ratio_max, ratio_min):

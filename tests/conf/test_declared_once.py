@@ -1,6 +1,6 @@
 """Each setting is declared once: the settings a component reads are declared beside it (the
 learner's and critic's in ``turnrl.algorithms.config``, the DPO and reward-model trainers' in
-their modules, the tiny model's and the vLLM engine's in ``turnrl.agents``) and the Hydra
+their modules, the tiny model's and the vLLM engine's in ``turnrl.models`` and ``turnrl.policies``) and the Hydra
 schema inherits them; the config-group YAMLs state only what differs from the schema's
 defaults."""
 
@@ -18,11 +18,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import turnrl
 import turnrl.conf
-from turnrl.agents.model import TinyModelConfig
-from turnrl.agents.vllm_policy import VLLMEngineConfig
+from turnrl.models.causal_lm import TinyModelConfig
+from turnrl.policies.vllm_engine import VLLMEngineConfig
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.algorithms.dpo import DPOConfig
-from turnrl.algorithms.reward_model import RewardModelConfig
+from turnrl.algorithms.pre_rl.dpo import DPOConfig
+from turnrl.algorithms.pre_rl.reward_model import RewardModelConfig
 from turnrl.conf.schema import (AlgorithmConfig, Config, DPOStageConfig, ModelConfig, RewardModelStageConfig,
                                 TrainerConfig, VLLMConfig, register_configs)
 
@@ -88,7 +88,7 @@ def redeclared(classes, settings=SETTINGS) -> list[str]:
 
 
 def test_no_setting_is_declared_by_another_dataclass():
-    classes = _dataclasses_in(turnrl)  # the whole package: turnrl.agents, .algorithms, .conf, ...
+    classes = _dataclasses_in(turnrl)  # the whole package: turnrl.models, .policies, .algorithms, .conf, ...
     for declaring, schema_cls, _ in DECLARED:  # the scan sees both ends of every pair
         assert declaring in classes and schema_cls in classes
     assert redeclared(classes) == [], "settings declared twice"
@@ -212,7 +212,7 @@ def test_every_setting_is_a_hydra_key():
 
 def test_new_hydra_keys_reach_the_learner_and_the_critic(tiny_model, tokenizer, renderer):
     from turnrl.algorithms import Learner
-    from turnrl.algorithms.critic import Critic, CriticLearner
+    from turnrl.algorithms.learner.critic import Critic, CriticLearner
 
     cfg = _compose(["trainer.weight_decay=0.05", "trainer.lr=2e-3", "algorithm.critic_lr=0.02",
                     "algorithm.critic_epochs=3"])
@@ -238,8 +238,8 @@ def test_stage_keys_reach_the_dpo_and_reward_model_trainers(tiny_model, renderer
     before): clipped to 1e-12 the gradients are far below AdamW's eps, so a step barely moves
     the weights (only AdamW's default weight decay, 0.01, moves a norm weight of 1 by lr / 100),
     where unclipped it moves the largest one by about lr."""
-    from turnrl.algorithms.dpo import DPOTrainer, pairs_from_players
-    from turnrl.algorithms.reward_model import RewardModel, RewardModelTrainer
+    from turnrl.algorithms.pre_rl.dpo import DPOTrainer, pairs_from_players
+    from turnrl.algorithms.pre_rl.reward_model import RewardModel, RewardModelTrainer
     from turnrl.envs import GuessNumberEnv
 
     pairs = pairs_from_players(GuessNumberEnv(n=32, max_turns=6), renderer, 8)
@@ -262,8 +262,8 @@ def test_agent_keys_reach_the_tiny_model_and_the_vllm_engine(tokenizer, tmp_path
     """``agent.model.*`` size the model ``build_tiny_model`` gets as it is; ``agent.vllm.*`` is
     the engine's settings object itself (a bad value is refused by the engine's check, before
     anything is saved or vLLM is imported)."""
-    from turnrl.agents.model import build_tiny_model
-    from turnrl.build import rollout_policy
+    from turnrl.models.causal_lm import build_tiny_model
+    from turnrl.train.factories import rollout_policy
 
     cfg = _compose(["agent.model.hidden_size=32", "agent.model.num_layers=1", "agent.model.num_heads=2",
                     "agent.model.num_kv_heads=1", "agent.model.intermediate_size=48", "agent.model.max_positions=256"])
@@ -294,7 +294,7 @@ def _scripted_batch(tokenizer, renderer):
     """4 scripted GuessNumber episodes (an expert and 3 weak players: mixed returns)."""
     import numpy as np
 
-    from turnrl.agents.scripted import scripted_episode
+    from turnrl.rollout.scripted import scripted_episode
     from turnrl.algorithms import collate
     from turnrl.envs import GuessNumberEnv
 

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import turnrl.conf
-from turnrl.build import advantage_fn
+from turnrl.train.factories import advantage_fn
 from turnrl.conf.schema import Config, register_configs
 from turnrl.conf.validate import choice_fields, problems, validate
 
@@ -170,7 +170,7 @@ def test_every_problem_is_listed_at_once():
 
 
 def test_train_validates_before_any_work(tmp_path):
-    from turnrl.trainer import train
+    from turnrl.train.loop import train
 
     # an env id and a model path that would fail on their own once work began: the config's
     # own problems are reported first, and nothing is written

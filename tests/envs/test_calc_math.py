@@ -4,7 +4,7 @@ import zlib
 import pytest
 
 from turnrl.envs import CalcMathEnv
-from turnrl.envs.calc_math import FORMAT_REMINDER, Problem
+from turnrl.envs.tasks.calc_math import FORMAT_REMINDER, Problem
 from turnrl.tools import calculator
 
 
@@ -146,7 +146,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 
 from turnrl.envs.baselines import play_episode  # noqa: E402
-from turnrl.envs.calc_math import STORIES, Term, word_problem  # noqa: E402
+from turnrl.envs.tasks.calc_math import STORIES, Term, word_problem  # noqa: E402
 
 STORY = {s.name: s for s in STORIES}
 LOSS_WORDS = ("sells", "gives away", "loses", "taken out", "falls", "back toward", "younger")
@@ -248,7 +248,7 @@ def test_calc_word_hydra_group_builds_the_word_style_env():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from turnrl.build import env_factory
+    from turnrl.train.factories import env_factory
     from turnrl.conf.schema import register_configs
 
     register_configs()

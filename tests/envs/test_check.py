@@ -171,3 +171,70 @@ def test_check_env_warnings_are_notes():
     result = report.result("gymnasium_check_env")
     assert report.ok and result.notes == ("FutureWarning during check_env: the opening prompt will change in v1",)
     assert "note: FutureWarning during check_env" in report.format()
+
+
+@pytest.mark.parametrize("parser", ["hermes", "qwen3_coder", "glm4", "pythonic"])
+def test_strings_that_read_as_json_round_trip_through_the_envs_call_format(parser):
+    result = check("turnrl/CalcMath-v0", seeds=5, env_kwargs={"tool_parser": parser}).result("string_arguments")
+    assert result.passed and "4 values round-trip" in result.detail
+
+
+def test_a_parser_that_loses_what_was_written_fails_the_string_check():
+    """A raw-value parser that keeps no ``ToolCall.raw`` turns "5" into 5 for good: the check
+    names the tool, the parameter and what came back."""
+    from turnrl.tools import ParseResult, ToolCall, get_parser, register_formatter, register_parser
+    from turnrl.tools.parsers import FORMATTERS, PARSERS
+
+    @register_parser("lossy_test")
+    def lossy(text):
+        parsed = get_parser("qwen3_coder")(text)
+        return ParseResult(parsed.status, tuple(ToolCall(c.name, c.arguments) for c in parsed.calls),
+                           parsed.content, parsed.error)
+
+    register_formatter("lossy_test")(FORMATTERS.get("qwen3_coder"))
+    try:
+        result = check("turnrl/CalcMath-v0", seeds=5, env_kwargs={"tool_parser": "lossy_test"}).result(
+            "string_arguments")
+    finally:
+        PARSERS._fns.pop("lossy_test", None)
+        FORMATTERS._fns.pop("lossy_test", None)
+    assert not result.passed and "calculator(expression='5')" in result.detail and "reads back as 5" in result.detail
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_tokenizer():
+    from turnrl.chat.families import family_tokenizer
+
+    return family_tokenizer("qwen3_5")
+
+
+def test_agent_settings_check_the_env_against_the_agents_template_and_limits(qwen3_5_tokenizer):
+    from turnrl.envs.check import AgentSettings
+
+    roomy = AgentSettings(qwen3_5_tokenizer, max_context_tokens=4096, max_new_tokens=64)
+    report = check("turnrl/CalcMath-v0", seeds=3, agent=roomy)
+    assert report.ok, report.format()
+    assert "qwen3_5 template" in report.result("chat_roundtrip").detail
+    assert "qwen3_coder" in report.result("string_arguments").detail  # the env reads the agent's call format
+    tight = AgentSettings(qwen3_5_tokenizer, max_context_tokens=4096, max_new_tokens=8)
+    limits = check("turnrl/CalcMath-v0", seeds=3, agent=tight).result("agent_limits")
+    assert not limits.passed and "> max_new_tokens 8" in limits.detail
+    small = AgentSettings(qwen3_5_tokenizer, max_context_tokens=256, max_new_tokens=64)
+    limits = check("turnrl/CalcMath-v0", seeds=3, agent=small).result("agent_limits")
+    assert not limits.passed and "> max_context_tokens 256" in limits.detail
+
+
+def test_without_agent_settings_the_limits_check_is_skipped_saying_how_to_run_it():
+    result = check("turnrl/GuessNumber-v0", seeds=3).result("agent_limits")
+    assert result.passed and result.detail == "skipped" and "--agent-path" in result.notes[0]
+
+
+def test_check_env_agent_path_loads_the_checkpoints_tokenizer(qwen3_5_tokenizer, tmp_path, capsys):
+    from turnrl.cli import main
+
+    qwen3_5_tokenizer.save_pretrained(tmp_path)
+    code = main(["check-env", "turnrl/GuessNumber-v0", "--seeds", "3", "--agent-path", str(tmp_path),
+                 "--max-context-tokens", "2048", "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAIL  agent_limits" in out and "qwen3_5 template" in out, out
+    assert main(["check-env", "turnrl/GuessNumber-v0", "--agent-path", str(tmp_path / "none")]) == 2

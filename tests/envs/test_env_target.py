@@ -16,7 +16,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from turnrl.build import env_factory
+from turnrl.train.factories import env_factory
 from turnrl.conf.schema import Config, register_configs
 from turnrl.envs import check
 

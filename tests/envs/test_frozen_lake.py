@@ -7,10 +7,10 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import turnrl.envs  # noqa: F401  (registers the envs)
-from turnrl.build import env_factory
+from turnrl.train.factories import env_factory
 from turnrl.conf.schema import register_configs
 from turnrl.envs.check import check
-from turnrl.envs.frozen_lake import (
+from turnrl.envs.games.frozen_lake import (
     FrozenLakeEnv, local_solves, parse_map, path_bounds, shortest_path, slippery_plan,
 )
 
@@ -403,7 +403,7 @@ def test_hydra_group_builds_the_env():
     assert cfg.env.id == "turnrl/FrozenLake-v0" and cfg.agent.max_new_tokens == 8
     env = env_factory(cfg)()
     assert isinstance(env.unwrapped, FrozenLakeEnv) and env.unwrapped.max_turns == 12
-    assert gymnasium.spec("turnrl/FrozenLake-v0").entry_point == "turnrl.envs.frozen_lake:FrozenLakeEnv"
+    assert gymnasium.spec("turnrl/FrozenLake-v0").entry_point == "turnrl.envs.games.frozen_lake:FrozenLakeEnv"
 
 
 def test_hydra_long_horizon_config_builds_long_episodes():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from turnrl.envs.grid_moves import MOVES, MoveParse, moves_instruction, parse_moves, random_moves
+from turnrl.envs.games.grid_moves import MOVES, MoveParse, moves_instruction, parse_moves, random_moves
 
 
 def test_moves_are_whole_direction_words_in_order_any_case():

@@ -1,7 +1,7 @@
 import pytest
 
 from turnrl.envs import GuessNumberEnv
-from turnrl.envs.guess_number import is_held_out
+from turnrl.envs.games.guess_number import is_held_out
 
 
 def test_prompt_and_hints():
@@ -93,7 +93,7 @@ def test_the_long_horizon_config_needs_8_or_more_turns_of_the_warm_started_playe
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from turnrl.build import env_factory
+    from turnrl.train.factories import env_factory
     from turnrl.conf.schema import register_configs
 
     register_configs()

@@ -9,7 +9,7 @@ import pytest
 
 import turnrl.envs  # noqa: F401  (registers the ids)
 from turnrl.envs.check import check
-from turnrl.envs.household import (
+from turnrl.envs.games.household import (
     FAMILIES,
     Goal,
     HouseConfig,
@@ -22,8 +22,8 @@ from turnrl.envs.household import (
     expert_command,
     normalize,
 )
-from turnrl.envs.household.env import DONE, FORMAT_HINT
-from turnrl.envs.household.game import NOTHING_HAPPENS
+from turnrl.envs.games.household.env import DONE, FORMAT_HINT
+from turnrl.envs.games.household.game import NOTHING_HAPPENS
 
 HINTS = "\n\nAdmissible commands: "
 
@@ -386,7 +386,7 @@ def test_registered_env_passes_the_checker():
 def test_hydra_group_file_builds_the_env():
     from hydra import compose, initialize_config_module
 
-    from turnrl.build import env_factory
+    from turnrl.train.factories import env_factory
     from turnrl.conf.schema import register_configs
 
     register_configs()

@@ -7,7 +7,7 @@ import pytest
 
 import turnrl.envs  # noqa: F401  (registers the envs)
 from turnrl.envs import check
-from turnrl.envs.mastermind import MastermindEnv, code_space, is_held_out, pegs
+from turnrl.envs.games.mastermind import MastermindEnv, code_space, is_held_out, pegs
 
 FORMAT = "Reply with 4 colours, e.g. 1 2 3 4."
 

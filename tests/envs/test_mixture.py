@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import turnrl.envs  # noqa: F401  (registers the ids)
-from turnrl.agents import SamplingParams, TransformersPolicy
-from turnrl.agents.scripted import scripted_episode
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.hf.policy import TransformersPolicy
+from turnrl.rollout.scripted import scripted_episode
 from turnrl.envs import CalcMathEnv, GuessNumberEnv
-from turnrl.envs.calc_math import system_prompt
+from turnrl.envs.tasks.calc_math import system_prompt
 from turnrl.envs.check import check
-from turnrl.envs.guess_number import SYSTEM_PROMPT, is_held_out
+from turnrl.envs.games.guess_number import SYSTEM_PROMPT, is_held_out
 from turnrl.envs.mixture import MixtureEnv
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.tools import tool
@@ -269,7 +270,7 @@ def test_collector_routes_every_row_to_its_own_sub_env(policy_model, tokenizer, 
 def test_hydra_group_file_builds_the_env():
     from hydra import compose, initialize_config_module
 
-    from turnrl.build import env_factory
+    from turnrl.train.factories import env_factory
     from turnrl.conf.schema import register_configs
 
     register_configs()

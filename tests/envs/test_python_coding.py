@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from turnrl.envs import check
-from turnrl.envs.python_coding import RESULT_MARK, PythonCodingEnv, extract_submission
-from turnrl.envs.python_problems import all_problems
+from turnrl.envs.tasks.python_coding import RESULT_MARK, PythonCodingEnv, extract_submission
+from turnrl.envs.tasks.python_problems import all_problems
 from turnrl.tools import ToolCall, format_call
 from turnrl.tools.executors import EXECUTORS, Executor, SandboxExecutor, SandboxUnavailable
 

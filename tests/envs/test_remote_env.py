@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import turnrl.envs  # noqa: F401  (registers the turnrl ids)
-from turnrl.agents.sampling import Generation, SamplingParams
-from turnrl.agents.scripted import corpus_texts
-from turnrl.build import env_factory
+from turnrl.policies.sampling import Generation, SamplingParams
+from turnrl.rollout.scripted import corpus_texts
+from turnrl.train.factories import env_factory
 from turnrl.conf.schema import Config
 from turnrl.envs import GuessNumberEnv, check
 from turnrl.envs.remote import RemoteEnv, RemoteEnvError, RemoteEnvTokenError, from_json

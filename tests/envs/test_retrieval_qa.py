@@ -7,8 +7,8 @@ import pytest
 
 from turnrl.envs import check
 from turnrl.envs.baselines import play_episode
-from turnrl.envs.corpus import CORPUS_SEED, KINDS, RELATIONS, build_world
-from turnrl.envs.retrieval_qa import (
+from turnrl.envs.tasks.corpus import CORPUS_SEED, KINDS, RELATIONS, build_world
+from turnrl.envs.tasks.retrieval_qa import (
     FORMAT_REMINDER,
     Library,
     RetrievalQAEnv,
@@ -308,7 +308,7 @@ def test_hydra_group_builds_the_env():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from turnrl.build import env_factory
+    from turnrl.train.factories import env_factory
     from turnrl.conf.schema import register_configs
 
     register_configs()

@@ -8,11 +8,11 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import turnrl.envs  # noqa: F401  (registers the envs)
-from turnrl.build import env_factory
+from turnrl.train.factories import env_factory
 from turnrl.conf.schema import register_configs
 from turnrl.envs.check import check
-from turnrl.envs.sokoban import SokobanEnv
-from turnrl.envs.sokoban_levels import dead_cells, generate_level, parse_level, push, solve
+from turnrl.envs.games.sokoban import SokobanEnv
+from turnrl.envs.games.sokoban_levels import dead_cells, generate_level, parse_level, push, solve
 
 CORRIDOR = "######/#P_XO#/######"  # push the box right twice
 ROOM = "######/#P___#/#_X_O#/#____#/######"  # optimal: down, right, right
@@ -268,4 +268,4 @@ def test_hydra_group_builds_the_env():
     assert cfg.env.id == "turnrl/Sokoban-v0" and cfg.agent.max_new_tokens == 8
     env = env_factory(cfg)()
     assert isinstance(env.unwrapped, SokobanEnv) and env.unwrapped.max_turns == 30
-    assert gymnasium.spec("turnrl/Sokoban-v0").entry_point == "turnrl.envs.sokoban:SokobanEnv"
+    assert gymnasium.spec("turnrl/Sokoban-v0").entry_point == "turnrl.envs.games.sokoban:SokobanEnv"

@@ -7,7 +7,7 @@ import pytest
 
 import turnrl.envs  # noqa: F401  (registers the envs)
 from turnrl.envs import check
-from turnrl.envs.wordle import (
+from turnrl.envs.games.wordle import (
     ABSENT,
     CORRECT,
     PRESENT,
@@ -19,7 +19,7 @@ from turnrl.envs.wordle import (
     pattern_matrix,
     solver_for,
 )
-from turnrl.envs.wordlist import WORDS
+from turnrl.envs.games.wordlist import WORDS
 
 A, P, C = ABSENT, PRESENT, CORRECT
 

@@ -2,9 +2,10 @@
 
 import pytest
 
-from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.envs import GuessNumberEnv
-from turnrl.envs.guess_number import is_held_out
+from turnrl.envs.games.guess_number import is_held_out
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.rollout.metrics import rollout_metrics
 

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from turnrl.agents import SamplingParams
-from turnrl.agents.sampling import Generation
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.sampling import Generation
 from turnrl.envs.base import MultiTurnEnv, TurnOutcome
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.tools import tool

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from turnrl.agents import SamplingParams, TransformersPolicy
+from turnrl.policies.sampling import SamplingParams
+from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task
 from turnrl.rollout.env_calls import EnvCalls, StepTimeout

@@ -5,7 +5,7 @@ trajectories collected from the policy."""
 import numpy as np
 import pytest
 
-from turnrl.agents.scripted import scripted_episode
+from turnrl.rollout.scripted import scripted_episode
 from turnrl.envs import CalcMathEnv, GuessNumberEnv
 from turnrl.rollout import Trajectory
 

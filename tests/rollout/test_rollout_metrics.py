@@ -37,7 +37,7 @@ def test_rollout_metrics_on_constructed_trajectories():
         traj([[1, 2, 3]], [0.0], termination="truncated", parse_errors=1, length_truncated_turns=1),
         traj([[9], [9], [9]], [0.0, 0.0, 0.5], termination="env_error", tool_calls=2, tool_errors=0,
              parse_errors=1, error="RuntimeError('x')"),
-        traj([[6, 6, 6, 6]], [0.0], termination="context_length", length_truncated_turns=1),
+        traj([[6, 6, 6, 6]], [0.0], termination="context_length", length_truncated_turns=1, empty_actions=1),
     ]
     m = rollout_metrics(trajectories)
     # reward and success are the policy's: over the 3 episodes the model ended (not the env_error one)
@@ -51,6 +51,7 @@ def test_rollout_metrics_on_constructed_trajectories():
     assert m["tool_exec_error_rate"] == pytest.approx(1 / 4)  # per call
     assert m["truncation_rate"] == pytest.approx(1 / 4)
     assert m["turn_length_cut_rate"] == pytest.approx(2 / 7)
+    assert m["empty_action_rate"] == pytest.approx(1 / 7)  # per turn
     assert m["env_error_rate"] == pytest.approx(1 / 4)
     assert m["context_limit_rate"] == pytest.approx(1 / 4)
     # sampled ids only (prompt 7s and header 8s are not text the policy wrote), per trajectory:

@@ -8,10 +8,11 @@ chat templates that rewrite history (a window over the latest messages; content 
 import pytest
 import torch
 
-from turnrl.agents import ChatRenderer, SamplingParams
-from turnrl.agents.tokenizer import CHAT_TEMPLATE
+from turnrl.chat.renderer import ChatRenderer
+from turnrl.policies.sampling import SamplingParams
+from turnrl.chat.tokenizer import CHAT_TEMPLATE
 from turnrl.algorithms import collate, token_logprobs
-from turnrl.algorithms.critic import Critic
+from turnrl.algorithms.learner.critic import Critic
 from turnrl.algorithms.segments import forward_segments, segment_index
 from turnrl.envs import GuessNumberEnv
 from turnrl.rollout import RolloutCollector, Task

@@ -1,6 +1,6 @@
 """``turnrl.serving`` against bad input and slow clients, on a bare ``HTTPService`` with a few
 real routes (the env, tool and policy servers' own suites are ``tests/envs/test_server_trust.py``,
-``tests/tools/test_remote_tools.py`` and ``tests/agents/test_policy_server_limits.py``). Real
+``tests/tools/test_remote_tools.py`` and ``tests/policies/test_policy_server_limits.py``). Real
 servers over real sockets; nothing is mocked.
 
 What every server answers whatever its routes: ``GET /health``; 400 for a ``Content-Length``
@@ -283,7 +283,7 @@ def test_the_tool_server_refuses_bad_input_in_the_error_format():
 # ----------------------------------------------------------- the policy server
 @pytest.mark.slow
 def test_the_policy_server_gets_health_and_400s_from_the_base(tiny_model, tokenizer):
-    from turnrl.agents.policy_server import PolicyServer
+    from turnrl.policies.server import PolicyServer
 
     with PolicyServer(tiny_model, tokenizer, batch_window_s=0) as server:
         assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}

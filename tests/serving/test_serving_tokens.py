@@ -3,7 +3,7 @@
 
 The per-server tests (env, tool and policy servers, their clients and command lines) are in
 ``tests/envs/test_remote_env.py``, ``tests/tools/test_remote_tools.py`` and
-``tests/agents/test_policy_server.py``."""
+``tests/policies/test_policy_server.py``."""
 
 import http.client
 import json

@@ -27,7 +27,7 @@ import turnrl
 from turnrl.tools import ToolCall, run_python, run_shell, run_sync
 from tests.helpers import missing_tool
 from turnrl.tools.executors import EXECUTORS, Limits, Program, get_executor
-from turnrl.tools.executors.docker import (
+from turnrl.tools.executors.docker.executor import (
     ARG_CHUNK_CHARS,
     EXECUTOR_LABEL,
     EXPIRES_LABEL,
@@ -49,7 +49,7 @@ from turnrl.tools.executors.docker import (
     judge,
     launcher_argv,
 )
-from turnrl.tools.executors.docker_image import ImageBuildError, cache_dir, rootfs_tarball
+from turnrl.tools.executors.docker.image import ImageBuildError, cache_dir, rootfs_tarball
 
 LIMITS = Limits(cpu_s=1, wall_s=3, memory_mb=256, output_bytes=4096, max_procs=32, file_mb=4)
 PROJECT_FILE = str(Path(turnrl.__file__).resolve())
@@ -524,7 +524,7 @@ print("killed", sum(os.WIFSIGNALED(s) and os.WTERMSIG(s) == 9 for s in statuses)
 
 @pytest.mark.slow
 def test_a_missing_image_is_a_clear_error_that_says_how_to_build_one(engine, monkeypatch):
-    import turnrl.tools.executors.docker as docker_executor
+    import turnrl.tools.executors.docker.executor as docker_executor
 
     with pytest.raises(DockerUnavailable, match="cannot be pulled") as err:  # no registry here; elsewhere no such image
         DockerExecutor(LIMITS, image=f"turnrl-no-such-image:{uuid.uuid4().hex[:8]}")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from turnrl.agents.tokenizer import build_tokenizer
-from turnrl.tools import ParseResult, ToolCall, format_call, get_parser, other_formats
+from turnrl.chat.tokenizer import build_tokenizer
+from turnrl.tools import ParseResult, Tool, ToolCall, check_call, format_call, get_parser, other_formats
 
 FAMILIES = ("qwen3_coder", "llama3_json", "harmony", "deepseek_v3", "glm4", "gemma4", "pythonic")
 TEMPLATES = Path(importlib.util.find_spec("trl").origin).parent / "chat_templates"
@@ -83,10 +83,38 @@ def test_the_parser_reads_the_templates_rendering_of_two_calls(tokenizer, templa
     assert get_parser(fmt)(turn).calls == tuple(calls)
 
 
+# formats that write a string value raw, as their templates do: "5" reads back as 5 until the
+# schema says the parameter is a string (check_call then gives it the text as written)
+RAW_VALUES = ("qwen3_coder", "glm4")
+LOOKS_LIKE_JSON = ToolCall("s", {"x": "3", "y": "true", "z": "", "w": "null", "v": "[1, 2]", "u": '"q"'})
+
+
+def _string_tool(call: ToolCall) -> Tool:
+    properties = {k: {"type": "string"} for k in call.arguments}
+    return Tool(call.name, "Strings.", {"type": "object", "properties": properties}, lambda **kw: "")
+
+
 @pytest.mark.parametrize("fmt", FAMILIES)
-@pytest.mark.parametrize("call", [CALL, ToolCall("noargs", {}), ToolCall("s", {"x": "3", "y": "true", "z": ""})])
+@pytest.mark.parametrize("call", [CALL, ToolCall("noargs", {}), LOOKS_LIKE_JSON])
 def test_round_trip_with_unicode_and_strings_that_look_like_json(fmt, call):
-    assert get_parser(fmt)(format_call(call, fmt)) == ParseResult("ok", (call,), "", None)
+    parsed = get_parser(fmt)(format_call(call, fmt))
+    assert parsed.status == "ok" and len(parsed.calls) == 1
+    if fmt in RAW_VALUES and call is LOOKS_LIKE_JSON:
+        got = parsed.calls[0]
+        assert got.arguments["x"] == 3 and got.arguments["w"] is None  # raw, the text reads as JSON
+        assert check_call(got, {call.name: _string_tool(call)}).name == call.name
+        assert got.arguments == call.arguments  # the schema's strings, as written
+    else:
+        assert parsed == ParseResult("ok", (call,), "", None)
+
+
+@pytest.mark.parametrize("template, fmt", [("qwen3_6", "qwen3_coder"), ("glm4moe", "glm4")])
+def test_strings_that_look_like_json_are_written_as_the_template_renders_them(tokenizer, template, fmt):
+    """The real templates write a string bare (``"5"`` as ``5``); so does the formatter, so an expert's
+    warm-start targets and the tools prompt's example are what the model will be shown."""
+    call = ToolCall("search", {"query": "5", "n": "true", "ok": "null"})
+    prefix, suffix = next((p, s) for t, f, _, p, s in RENDERED if t == template)
+    assert render(tokenizer, template, call) == prefix + format_call(call, fmt) + suffix
 
 
 @pytest.mark.parametrize("fmt", FAMILIES)
@@ -221,7 +249,7 @@ def test_vllm_reads_the_same_calls(vllm_parsers, vllm_name, fmt):
 
 @pytest.mark.parametrize("written, expected", [("5", "5"), ("true", "true"), ("null", "null"), ("[1]", "[1]"),
                                                ("1.50", "1.50"), ("plain", "plain"),
-                                               ('"quoted"', "quoted")])  # a JSON string reads as that string
+                                               ('"quoted"', '"quoted"')])  # the template writes '"quoted"' so
 def test_a_string_parameter_written_bare_as_the_template_renders_it_is_that_string(written, expected):
     """The real Qwen3.5/3.6 templates render the string "5" as a bare 5: a model that writes it
     so gets the string back for a parameter its schema types as a string (and the number where the

@@ -13,7 +13,7 @@ import pytest
 
 from turnrl.tools import Program, ToolCall, run_python, run_sync
 from turnrl.tools.executors import Limits, SandboxExecutor, SandboxUnavailable
-from turnrl.tools.executors.sandbox_pool import SandboxPool
+from turnrl.tools.executors.sandbox.pool import SandboxPool
 
 from tests.helpers import BWRAP_INSTALL, descendants, missing_tool
 

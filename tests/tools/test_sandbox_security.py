@@ -332,7 +332,7 @@ def test_memory_mode_says_which_bound_runs(memory_box):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_on_machines_with_a_memory_cgroup_it_is_used(mode):
-    from turnrl.tools.executors.cgroup import MemoryCgroups
+    from turnrl.tools.executors.sandbox.cgroup import MemoryCgroups
 
     groups = MemoryCgroups.find()
     if groups is None:

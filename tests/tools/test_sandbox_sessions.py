@@ -9,7 +9,7 @@ import pytest
 from turnrl.envs.base import MultiTurnEnv, TurnOutcome
 from turnrl.tools import Program, ToolCall, ToolUnavailableError, run_python, run_shell, run_sync, tool
 from turnrl.tools.executors import SandboxExecutor, SandboxUnavailable, get_executor
-from turnrl.tools.executors.sandbox import HEADER_DIGITS, complete_pack
+from turnrl.tools.executors.sandbox.executor import HEADER_DIGITS, complete_pack
 
 from tests.helpers import BWRAP_INSTALL, missing_tool
 

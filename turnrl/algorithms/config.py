@@ -8,7 +8,7 @@ and ``TrainerConfig`` (``turnrl.conf.schema``) inherit them, so ``algorithm.clip
 other dataclass declares these fields (``tests/conf/test_declared_once.py``).
 
 The learner only reads them. What changes from step to step (sampling temperature, entropy
-weight, KL coefficient) is not here: it is ``turnrl.algorithms.learner.StepCoefs``, passed to
+weight, KL coefficient) is not here: it is ``turnrl.algorithms.learner.learner.StepCoefs``, passed to
 each call. Choice fields are checked by ``turnrl.conf.validate.validate`` (and again by the
 learner's constructor, for direct callers).
 """

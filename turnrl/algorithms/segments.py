@@ -1,7 +1,7 @@
 """Segmented sequences: a trajectory row whose tokens form several sequences the sampler saw.
 
 A template that rewrites history makes an episode go on in a new segment whose prompt is a
-fresh render (``turnrl.agents.renderer``). A ``TrainBatch`` keeps one row per episode (credit,
+fresh render (``turnrl.chat.renderer``). A ``TrainBatch`` keeps one row per episode (credit,
 KL and the loss stay per episode) with ``segment_index`` saying which segment each token is in;
 ``forward_segments`` runs the model on each segment as its own sequence (positions from 0,
 attention within the segment) and puts the outputs back in the row's layout. A batch with

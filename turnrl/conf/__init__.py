@@ -1,0 +1,3 @@
+"""The configuration: Hydra config groups (``agent/``, ``env/``, ``algorithm/``, ``trainer/``, ...), their
+typed schema (``schema``) and the checks of a composed config that types cannot express
+(``validate``)."""

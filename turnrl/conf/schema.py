@@ -4,10 +4,10 @@ a mistyped key or a value of the wrong type fails at start-up naming the key.
 Every setting is declared once. The settings a component reads are declared beside it and
 inherited here: the learner's and critic's in ``turnrl.algorithms.config`` (``LossConfig``,
 ``OptimConfig``: ``AlgorithmConfig``, ``TrainerConfig``), the DPO trainer's in
-``turnrl.algorithms.dpo`` (``DPOConfig``: ``DPOStageConfig``), the reward-model trainer's in
-``turnrl.algorithms.reward_model`` (``RewardModelConfig``: ``RewardModelStageConfig``), the
-tiny model's in ``turnrl.agents.model`` (``TinyModelConfig``: ``ModelConfig``) and the vLLM
-engine's in ``turnrl.agents.vllm_policy`` (``VLLMEngineConfig``: ``VLLMConfig``). So they
+``turnrl.algorithms.pre_rl.dpo`` (``DPOConfig``: ``DPOStageConfig``), the reward-model trainer's in
+``turnrl.algorithms.pre_rl.reward_model`` (``RewardModelConfig``: ``RewardModelStageConfig``), the
+tiny model's in ``turnrl.models.causal_lm`` (``TinyModelConfig``: ``ModelConfig``) and the vLLM
+engine's in ``turnrl.policies.vllm_engine`` (``VLLMEngineConfig``: ``VLLMConfig``). So they
 appear in Hydra as ``algorithm.<field>``, ``trainer.<field>``, ``dpo.<field>``,
 ``reward_model.<field>``, ``agent.model.<field>`` and ``agent.vllm.<field>``, and the code
 hands ``cfg.algorithm``, ``cfg.trainer``, ``cfg.dpo``, ``cfg.reward_model``,
@@ -25,11 +25,15 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from turnrl.agents.model import TinyModelConfig
-from turnrl.agents.vllm_policy import VLLMEngineConfig
+from turnrl.models.causal_lm import TinyModelConfig
+from turnrl.policies.vllm_engine import VLLMEngineConfig
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.algorithms.dpo import DPOConfig
-from turnrl.algorithms.reward_model import RewardModelConfig
+from turnrl.algorithms.pre_rl.dpo import DPOConfig
+from turnrl.algorithms.pre_rl.reward_model import RewardModelConfig
+
+BACKENDS = ("transformers", "vllm", "http")
+"""``agent.backend``: what samples rollouts (in-process transformers, an in-process vLLM engine, or
+OpenAI-compatible servers)."""
 
 
 @dataclass
@@ -52,7 +56,7 @@ class EnvConfig:
 @dataclass
 class ModelConfig(TinyModelConfig):
     """Architecture of the tiny model (every field, hidden_size ... max_positions, is
-    TinyModelConfig's: see turnrl/agents/model.py for each one's meaning and default)."""
+    TinyModelConfig's: see turnrl/models/causal_lm.py for each one's meaning and default)."""
 
 
 @dataclass
@@ -88,7 +92,7 @@ class WarmStartConfig:
 @dataclass
 class VLLMConfig(VLLMEngineConfig):
     """The vLLM engine of agent.backend=vllm (every field, dtype ... extra, is
-    VLLMEngineConfig's: see turnrl/agents/vllm_policy.py for each one's meaning and default;
+    VLLMEngineConfig's: see turnrl/policies/vllm_engine.py for each one's meaning and default;
     a null max_model_len is agent.max_context_tokens)."""
 
 
@@ -123,7 +127,7 @@ class AgentConfig:
     # the rollout servers of backend=http
     http: HTTPBackendConfig = field(default_factory=HTTPBackendConfig)
     # backend=transformers: keep each episode's keys and values across its turns, so a turn runs
-    # the model over its new tokens only instead of the whole history (turnrl.agents.prefix_cache)
+    # the model over its new tokens only instead of the whole history (turnrl.policies.hf.prefix_cache)
     prefix_cache: bool = True
     # vllm / http: the start-up check's largest |sampler - learner| logprob of a sampled token
     # (raise it for bf16/fp16 engines, which differ by ~1e-2)
@@ -138,7 +142,7 @@ class AgentConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     # supervised warm start on the env's scripted player
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
-    # the model family's chat conventions (a name in turnrl.agents.chat_format.FORMATS: tool-call
+    # the model family's chat conventions (a name in turnrl.chat.formats.FORMATS: tool-call
     # format, end-of-turn tokens, tool-result role); auto: detected from the chat template
     chat_format: str = "auto"
     # extra chat-template variables, e.g. {enable_thinking: false} or {preserve_thinking: true}
@@ -257,7 +261,7 @@ class TrainerConfig(OptimConfig):
 @dataclass
 class DPOStageConfig(DPOConfig):
     """The optional DPO stage (the trainer's fields, beta ... max_grad_norm, are DPOConfig's:
-    see turnrl/algorithms/dpo.py for each one's meaning and default)."""
+    see turnrl/algorithms/pre_rl/dpo.py for each one's meaning and default)."""
 
     # DPO steps after the supervised warm start and before RL (0 = no DPO stage)
     steps: int = 0
@@ -272,7 +276,7 @@ class DPOStageConfig(DPOConfig):
 @dataclass
 class RewardModelStageConfig(RewardModelConfig):
     """The optional learned reward model (the trainer's fields, lr ... max_grad_norm, are
-    RewardModelConfig's: see turnrl/algorithms/reward_model.py for each one's meaning and
+    RewardModelConfig's: see turnrl/algorithms/pre_rl/reward_model.py for each one's meaning and
     default)."""
 
     # Bradley-Terry reward-model steps before RL; > 0 trains one and RL is rewarded by it

@@ -3,7 +3,7 @@
 Hydra (the schema in ``turnrl.conf.schema``) already rejects unknown keys and values of the
 wrong type. What is left is meaning: a choice field must name a registered estimator,
 aggregation, schedule, parser, backend ...; numbers must be in range; and some switches
-exclude or need others. ``turnrl.trainer.train`` calls ``validate`` first, before any env,
+exclude or need others. ``turnrl.train.loop.train`` calls ``validate`` first, before any env,
 model or file is made, so a bad config fails in a second, with every problem listed at once.
 
 Every message names the key, the bad value, what is allowed and how to fix it. The registries
@@ -16,7 +16,21 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 
-from turnrl.conf.schema import Config
+from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_TARGETS
+from turnrl.algorithms.kl_control import PLACEMENTS
+from turnrl.algorithms.learner.critic import CRITICS
+from turnrl.algorithms.learner.learner import MIXED_PRECISION
+from turnrl.algorithms.losses.importance import LEVELS
+from turnrl.algorithms.schedules import SCHEDULES
+from turnrl.chat.formats import FORMATS
+from turnrl.conf.schema import BACKENDS, Config
+from turnrl.models.causal_lm import DTYPES
+from turnrl.policies.routing import STRATEGIES
+from turnrl.policies.vllm_engine import ENGINE_DTYPES
+from turnrl.rollout.compaction import ON_CONTEXT_LIMIT
+from turnrl.rollout.scripted import PLAYERS
+from turnrl.rollout.termination import INFRA_FAILURE_POLICIES
+from turnrl.tools.parsers import PARSERS
 
 
 def validate(cfg: Config) -> None:
@@ -36,22 +50,6 @@ def validate(cfg: Config) -> None:
 def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
     """``(key, value, allowed names)`` of every field of ``cfg`` that names one of a fixed set
     (a registry the code looks the name up in, or a tuple of the accepted values)."""
-    from turnrl.agents.model import DTYPES
-    from turnrl.agents.routing import STRATEGIES
-    from turnrl.agents.scripted import PLAYERS
-    from turnrl.agents.vllm_policy import ENGINE_DTYPES
-    from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from turnrl.algorithms.critic import CRITICS
-    from turnrl.algorithms.importance import LEVELS
-    from turnrl.algorithms.kl_control import PLACEMENTS
-    from turnrl.algorithms.learner import MIXED_PRECISION
-    from turnrl.algorithms.schedules import SCHEDULES
-    from turnrl.build import BACKENDS
-    from turnrl.agents.chat_format import FORMATS
-    from turnrl.rollout.compaction import ON_CONTEXT_LIMIT
-    from turnrl.rollout.termination import INFRA_FAILURE_POLICIES
-    from turnrl.tools.parsers import PARSERS
-
     agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
     return [
         ("agent.backend", agent.backend, BACKENDS),
@@ -78,8 +76,6 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
 
 def problems(cfg: Config) -> list[str]:
     """The problems ``validate`` raises for, as messages (empty: the config is valid)."""
-    from turnrl.algorithms import ADVANTAGES, POLICY_LOSSES, VALUE_TARGETS
-
     agent, algo, trainer = cfg.agent, cfg.algorithm, cfg.trainer
     out: list[str] = []
 
@@ -165,8 +161,6 @@ def problems(cfg: Config) -> list[str]:
 def advantage_kwargs_problem(advantage: str, kwargs: Mapping) -> str | None:
     """Why ``kwargs`` cannot be given to the registered estimator ``advantage`` (keys its
     signature does not take), or None when it takes them all."""
-    from turnrl.algorithms import ADVANTAGES
-
     accepted = set(inspect.signature(ADVANTAGES.get(advantage)).parameters) - {"batch"}
     unknown = set(kwargs) - accepted
     if not unknown:

@@ -16,18 +16,18 @@ Remote envs (``turnrl serve-env`` + ``RemoteEnv``) and the adapters are in their
 """
 
 from turnrl.envs.base import Message, MultiTurnEnv, TurnOutcome
-from turnrl.envs.calc_math import CalcMathEnv
+from turnrl.envs.tasks.calc_math import CalcMathEnv
 from turnrl.envs.check import check
-from turnrl.envs.frozen_lake import FrozenLakeEnv
-from turnrl.envs.guess_number import GuessNumberEnv
-from turnrl.envs.household import HouseholdEnv
-from turnrl.envs.mastermind import MastermindEnv
+from turnrl.envs.games.frozen_lake import FrozenLakeEnv
+from turnrl.envs.games.guess_number import GuessNumberEnv
+from turnrl.envs.games.household import HouseholdEnv
+from turnrl.envs.games.mastermind import MastermindEnv
 from turnrl.envs.mixture import MixtureEnv
-from turnrl.envs.python_coding import PythonCodingEnv
+from turnrl.envs.tasks.python_coding import PythonCodingEnv
 from turnrl.envs.registration import register_envs, registered_env_ids
-from turnrl.envs.retrieval_qa import RetrievalQAEnv
-from turnrl.envs.sokoban import SokobanEnv
-from turnrl.envs.wordle import WordleEnv
+from turnrl.envs.tasks.retrieval_qa import RetrievalQAEnv
+from turnrl.envs.games.sokoban import SokobanEnv
+from turnrl.envs.games.wordle import WordleEnv
 
 __all__ = [
     "CalcMathEnv",

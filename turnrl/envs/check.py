@@ -27,8 +27,9 @@ import json
 import re
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import gymnasium
@@ -37,12 +38,19 @@ from gymnasium.utils.env_checker import data_equivalence
 
 from turnrl.envs.base import SPLITS, hand_written_tools
 from turnrl.envs.registration import NAMESPACE, registered_env_ids
+from turnrl.chat.renderer import ChatRenderer
+from turnrl.chat.tokenizer import build_tokenizer
+from turnrl.rollout.scripted import corpus_texts, scripted_episode
+from turnrl.tools import ToolCall, check_call, format_call, get_parser
+from turnrl.tools.prompt import example_call
 
 __all__ = ["CHECK_NAMES", "CheckReport", "CheckResult", "UnknownEnvError", "check", "env_id_of"]
 
 DETERMINISM_SEEDS = 5
 """Seeds (per split) whose episodes are played twice by ``seed_determinism``."""
 FORMAT_SEEDS = 5
+# string values that also read as JSON: a call format must give them back as the strings they are
+JSON_LOOKING_STRINGS = ("5", "true", "null", "[1]")
 """Seeds (per split) whose reset info and opening messages ``call_format`` reads."""
 DISJOINT_SEEDS = 200
 """Resets per split whose task_ids ``splits_disjoint`` compares (at least ``seeds``)."""
@@ -66,7 +74,6 @@ class UnknownEnvError(ValueError):
 
 class CheckFailure(Exception):
     """Raised inside a check to fail it with a reason (never escapes ``check``)."""
-
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -135,7 +142,28 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: dict | None = None) -> CheckReport:
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent an env will be trained with, for ``check(..., agent=...)``: its tokenizer (which
+    carries the chat template), the chat format (a name, or ``"auto"``: detected from the
+    template), template variables and the token limits, as a run's ``agent.chat_format``,
+    ``agent.template_kwargs``, ``agent.max_context_tokens`` and ``agent.max_new_tokens`` set them.
+    With it, ``chat_roundtrip`` renders with this tokenizer and template (instead of a tiny one
+    built from the env's text), the env reads this format's tool calls, and ``agent_limits``
+    checks the expert's episodes against the limits."""
+
+    tokenizer: Any
+    max_context_tokens: int
+    max_new_tokens: int
+    chat_format: str = "auto"
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def renderer(self) -> ChatRenderer:
+        return ChatRenderer(self.tokenizer, self.chat_format, template_kwargs=dict(self.template_kwargs))
+
+
+def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: dict | None = None,
+          agent: AgentSettings | None = None) -> CheckReport:
     """Run every check on an env and report; failing checks are recorded, never raised.
 
     Args:
@@ -147,6 +175,10 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         seeds: Seeds ``0..seeds-1`` per split for ``expert_solves`` (the other seeded checks
             use ``min(seeds, their own default)``; ``splits_disjoint`` uses at least ``seeds``).
         env_kwargs: Keyword arguments for the env's constructor; only with an env name.
+        agent: The tokenizer, chat format and limits the env will train with
+            (``AgentSettings``; ``python -m turnrl check-env ENV --agent-path DIR``). An env built
+            here by name is given the format's ``tool_parser`` unless ``env_kwargs`` sets one.
+            Without it, ``chat_roundtrip`` uses a tiny tokenizer and ``agent_limits`` is skipped.
 
     Returns:
         A ``CheckReport`` with one ``CheckResult`` per check in ``CHECK_NAMES`` order, or a
@@ -162,6 +194,8 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
     if isinstance(env_id_or_env, str):
         env_id = env_id_or_env
         make, what = _resolve(env_id)
+        if agent is not None and "tool_parser" not in (env_kwargs or {}):
+            env_kwargs = {**(env_kwargs or {}), "tool_parser": agent.renderer().format.tool_parser}
         try:
             env = make(**(env_kwargs or {}))
         except Exception as e:
@@ -176,7 +210,8 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         env = env_id_or_env
         spec = getattr(env, "spec", None)
         env_id = spec.id if spec is not None else type(env.unwrapped).__name__
-    return CheckReport(env_id, [_run(c, env, seeds) for c in CHECKS], seeds)
+    checks = [replace(c, run=partial(c.run, agent=agent)) if c.name in AGENT_CHECKS else c for c in CHECKS]
+    return CheckReport(env_id, [_run(c, env, seeds) for c in checks], seeds)
 
 
 def env_id_of(name: str) -> str:
@@ -440,6 +475,36 @@ def _check_call_format(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, 
             "messages hand-write tools or a call format"), ()
 
 
+def _check_string_arguments(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
+    """Each string parameter of each tool, given a value that also reads as JSON ("5", "true",
+    "null", "[1]"), survives the env's call format: written by its formatter (what warm-start
+    targets and the tools prompt show), read by its parser and checked against the schema."""
+    unwrapped = env.unwrapped
+    tools = {t.name: t for t in getattr(unwrapped, "tools", ())}
+    parser = getattr(unwrapped, "tool_parser", None)
+    strings = [(t, key) for t in tools.values()
+               for key, spec in t.parameters.get("properties", {}).items() if spec.get("type") == "string"]
+    if not strings or parser is None:
+        return "skipped", ("the env's tools take no string parameter",)
+    problems = []
+    for t, key in strings:
+        for value in JSON_LOOKING_STRINGS:
+            call = ToolCall(t.name, {**example_call(t).arguments, key: value})
+            text = format_call(call, parser)
+            parsed = get_parser(parser)(text)
+            got = parsed.calls[0] if parsed.status == "ok" and len(parsed.calls) == 1 else None
+            if got is not None:
+                check_call(got, tools)  # gives the schema's strings their text as written (in place)
+            if got is None or got.arguments.get(key) != value:
+                read = got.arguments.get(key) if got is not None else parsed.error
+                problems.append(f"{t.name}({key}={value!r}) written in {parser!r} as {_short(text, 60)} reads back "
+                                f"as {read!r}")
+    if problems:
+        raise CheckFailure("; ".join(problems[:4]))
+    return (f"{len(strings)} string parameter(s) x {len(JSON_LOOKING_STRINGS)} values round-trip through the "
+            f"{parser!r} formatter, parser and schema"), ()
+
+
 def _info_tools_problems(info: dict, declared: dict[str, dict]) -> list[str]:
     """How a reset's ``info["tools"]`` misses the env's tools (``declared``: name -> schema)."""
     if "tools" not in info:
@@ -479,14 +544,9 @@ def _check_splits_disjoint(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[s
     return f"{n} resets per split drew disjoint task_ids ({sizes} distinct)", ()
 
 
-def _check_chat_roundtrip(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[str, ...]]:
-    # Imported here: the agents package pulls in torch/transformers, which the other checks don't need.
-    from turnrl.agents.renderer import ChatRenderer
-    from turnrl.agents.scripted import corpus_texts, scripted_episode
-    from turnrl.agents.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer(corpus_texts(env, range(CORPUS_SEEDS)))
-    renderer = ChatRenderer(tokenizer)
+def _check_chat_roundtrip(env: gymnasium.Env, seeds: int, agent: AgentSettings | None = None
+                          ) -> tuple[str, tuple[str, ...]]:
+    renderer = agent.renderer() if agent is not None else ChatRenderer(build_tokenizer(corpus_texts(env, range(CORPUS_SEEDS))))
     n, splits, problems = min(seeds, ROUNDTRIP_SEEDS), _splits(env), []
     for split in splits:
         for seed in range(n):
@@ -494,7 +554,44 @@ def _check_chat_roundtrip(env: gymnasium.Env, seeds: int) -> tuple[str, tuple[st
             problems.extend(f"seed {seed} ({split}): {p}" for p in _roundtrip_problems(renderer, trajectory))
     if problems:
         raise CheckFailure(f"{len(problems)} round-trip problem(s): " + "; ".join(problems[:3]))
-    return f"{n} seeds x {len(splits)} splits of expert episodes render token-exactly", ()
+    return (f"{n} seeds x {len(splits)} splits of expert episodes render token-exactly"
+            + (f" ({renderer.format.name} template)" if agent is not None else "")), ()
+
+
+def _check_agent_limits(env: gymnasium.Env, seeds: int, agent: AgentSettings | None = None
+                        ) -> tuple[str, tuple[str, ...]]:
+    """The expert's episodes, rendered as the agent will see them, fit its limits: every turn's
+    prompt leaves ``max_new_tokens`` within ``max_context_tokens`` (else the collector ends the
+    episode, termination ``context_length``), and every expert turn fits ``max_new_tokens`` (else
+    a warm start trains on turns the sampler cuts)."""
+    if agent is None:
+        return "skipped", ("give the agent's tokenizer and limits (check-env --agent-path DIR) to check them",)
+    renderer, problems = agent.renderer(), []
+    n, splits = min(seeds, ROUNDTRIP_SEEDS), _splits(env)
+    first, longest_turn, longest_prompt = [], 0, 0
+    for split in splits:
+        for seed in range(n):
+            trajectory = scripted_episode(env, seed, renderer, split=split)
+            for k, (start, end) in enumerate(trajectory.turn_spans):
+                segment = max(s for s in trajectory.segment_starts if s <= start)
+                prompt = start - segment
+                longest_prompt, longest_turn = max(longest_prompt, prompt), max(longest_turn, end - start)
+                if k == 0:
+                    first.append(prompt)
+                if prompt + agent.max_new_tokens > agent.max_context_tokens:
+                    problems.append(f"seed {seed} ({split}) turn {k}: a {prompt}-token prompt + max_new_tokens "
+                                    f"{agent.max_new_tokens} > max_context_tokens {agent.max_context_tokens}")
+                if end - start > agent.max_new_tokens:
+                    problems.append(f"seed {seed} ({split}) turn {k}: the expert's turn is {end - start} tokens > "
+                                    f"max_new_tokens {agent.max_new_tokens}")
+    if problems:
+        raise CheckFailure(f"{len(problems)} turn(s) over the agent's limits: " + "; ".join(problems[:3]))
+    notes = ()
+    if max(first) > agent.max_context_tokens / 2:
+        notes = (f"the opening prompt takes up to {max(first)} of the {agent.max_context_tokens} context tokens",)
+    return (f"{n} seeds x {len(splits)} splits: prompts up to {longest_prompt} tokens + max_new_tokens "
+            f"{agent.max_new_tokens} fit max_context_tokens {agent.max_context_tokens}; expert turns up to "
+            f"{longest_turn} tokens fit max_new_tokens"), notes
 
 
 def _roundtrip_problems(renderer: Any, trajectory: Any) -> list[str]:
@@ -532,6 +629,10 @@ CHECKS: tuple[_Check, ...] = (
            "task only in the opening messages: no tool listing, no example call (drop self.tools_prompt() and "
            "hand-written calls from the prompt; the chat template, or the renderer's tools_prompt() for a "
            "template without tools, shows the tools in the model's own format)"),
+    _Check("string_arguments", _check_string_arguments,
+           "register a formatter and a parser for the env's tool_parser that agree (turnrl.tools.register_formatter / "
+           "register_parser): a string the formatter writes must read back as that string once check_call applies "
+           "the tool's schema"),
     _Check("expert_solves", _check_expert_solves,
            "make expert_action() solve every task within max_turns (replay a failing seed with env.reset("
            "seed=..., options={'split': ...}) and step the expert), or fix the success judgement in _on_turn"),
@@ -541,5 +642,9 @@ CHECKS: tuple[_Check, ...] = (
     _Check("chat_roundtrip", _check_chat_roundtrip,
            "keep observations free of text the chat template rewrites "
            "(special tokens such as <|im_end|>, leading/trailing whitespace the template strips)"),
+    _Check("agent_limits", _check_agent_limits,
+           "raise agent.max_context_tokens (or shorten the system prompt, tool descriptions and observations) "
+           "and raise agent.max_new_tokens to the expert's longest turn, or make the expert's turns shorter"),
 )
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
+AGENT_CHECKS = ("chat_roundtrip", "agent_limits")  # the checks that take the agent's settings

@@ -137,6 +137,7 @@ from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnrl.serving import DEFAULT_READ_TIMEOUT_S, APIError, HTTPService, JSONReply, service_app
+from turnrl.tools.executors import close_executors
 
 __all__ = ["DEFAULT_CLIENT_KWARGS", "EnvServer", "MAX_BODY_BYTES", "MAX_KWARG_CHARS", "MAX_KWARG_ITEMS", "PLAYERS",
            "REQUEST_SCHEMAS", "CreateSession", "Player", "Reset", "Step", "execution_setting", "to_json"]
@@ -319,7 +320,6 @@ class EnvServer(HTTPService):
         for s in sessions:
             _close_session(s, wait_s=5.0)
         if self.close_executors:
-            from turnrl.tools.executors import close_executors
 
             close_executors()
 

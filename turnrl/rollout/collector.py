@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import gymnasium
 
-from turnrl.agents.renderer import ChatRenderer, Conversation
-from turnrl.agents.sampling import SamplingParams
+from turnrl.chat.renderer import ChatRenderer, Conversation
+from turnrl.policies.sampling import SamplingParams
 from turnrl.serving.tokens import TokenRefusedError
 from turnrl.rollout.compaction import ON_CONTEXT_LIMIT, drop_oldest_turn
 from turnrl.rollout.env_calls import EnvCalls
@@ -188,6 +188,7 @@ class RolloutCollector:
             for ep, gen in zip(live, generations):
                 contents.append(self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs))
                 ep.traj.length_truncated_turns += gen.finish_reason == "length"
+                ep.traj.empty_actions += not contents[-1].strip()
             stepped = self._calls.map([_stepper(ep.env, text) for ep, text in zip(live, contents)], "env step")
             live = [ep for ep, outcome in zip(live, stepped) if self._apply(ep, outcome, params)]
         for ep in episodes:  # a state key per turn played (the last observation starts no turn)

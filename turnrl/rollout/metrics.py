@@ -18,7 +18,8 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
 
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """``episodes`` (the count) and means over the batch: reward, success, turns, tokens, tool and
-    truncation rates, ``segments`` per episode (more than 1 where the chat template rewrote
+    truncation rates, ``empty_action_rate`` (turns that gave the env nothing, e.g. a thought never
+    closed), ``segments`` per episode (more than 1 where the chat template rewrote
     history); ``infra_failure_rate``, the fraction of episodes the infrastructure ended
     (``turnrl.rollout.termination.INFRA_TERMINATIONS``), and the fraction of each such ending
     (``env_error_rate``, ``step_timeout_rate``, ``tool_error_rate``), counted after any refill,
@@ -50,6 +51,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "tool_exec_error_rate": sum(t.tool_errors for t in trajectories) / max(calls, 1),
         "truncation_rate": sum(t.termination == "truncated" for t in trajectories) / n,
         "turn_length_cut_rate": sum(t.length_truncated_turns for t in trajectories) / max(turns, 1),
+        "empty_action_rate": sum(t.empty_actions for t in trajectories) / max(turns, 1),
         "infra_failure_rate": sum(is_infra_failure(t.termination) for t in trajectories) / n,
         **{f"{reason}_rate": sum(t.termination == reason for t in trajectories) / n
            for reason in sorted(INFRA_TERMINATIONS)},

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from turnrl.rollout.termination import Termination
@@ -36,10 +37,14 @@ class Trajectory:
             ``episode_length`` (over ``max_episode_tokens``); or ``env_error`` (the env raised;
             see ``error``), ``tool_error`` (a tool could not run, not for the model's input) or
             ``step_timeout`` (a reset or step past its deadline).
-        messages: the conversation as chat messages (decode(token_ids) renders them).
+        messages: the conversation as chat messages (the template renders them to the decoded
+            ``token_ids``, up to the tokenizer's normalization, e.g. Qwen's NFC).
         state_keys: ``[K]`` the env's ``state_key`` at the start of each turn.
         tool_calls / tool_errors / parse_errors: counts over the episode (from env info).
         length_truncated_turns: turns cut by ``max_new_tokens`` before the end-of-turn token.
+        empty_actions: turns that gave the env an empty action (nothing sampled but the end of the
+            turn, or a thought the prompt opened and the turn never closed: the env reads only what
+            follows it).
         error: the exception text when the infrastructure ended the episode.
         verifier_reward: the env's own return when the rewards came from a learned reward
             model (``info["verifier_reward"]`` of the last step); None otherwise.
@@ -66,6 +71,7 @@ class Trajectory:
     tool_errors: int = 0
     parse_errors: int = 0
     length_truncated_turns: int = 0
+    empty_actions: int = 0
     error: str | None = None
     verifier_reward: float | None = None
     env_id: str | None = None
@@ -76,7 +82,7 @@ class Trajectory:
     @classmethod
     def from_conversation(cls, conv, turn_rewards: list[float], success: bool, group_id: int, task_id: str,
                           termination: Termination, **fields) -> "Trajectory":
-        """The trajectory of a rendered ``turnrl.agents.renderer.Conversation``: its token-level
+        """The trajectory of a rendered ``turnrl.chat.renderer.Conversation``: its token-level
         fields (ids, masks, logprobs, turn spans, segments, messages, tools) shared, not copied."""
         return cls(token_ids=conv.token_ids, loss_mask=conv.loss_mask, logprobs=conv.logprobs,
                    turn_spans=conv.turn_spans, turn_rewards=turn_rewards, success=success, group_id=group_id,
@@ -112,3 +118,27 @@ class Trajectory:
         if not self.segment_starts or self.segment_starts[0] != 0 or any(
                 b <= a for a, b in zip(self.segment_starts, self.segment_starts[1:])) or self.segment_starts[-1] > max(n - 1, 0):
             raise ValueError(f"segment_starts must start at 0 and increase within the {n} tokens, got {self.segment_starts}")
+
+
+def assert_trainable(trajectories: Sequence[Trajectory]) -> None:
+    """Refuse to train on turns that are not token-exact.
+
+    A trajectory is trainable when the sampler's logprob of every sampled token
+    (``loss_mask == 1``) is finite. Text-mode turns of ``OpenAIPolicy`` carry NaN logprobs
+    (their ids were re-tokenized on the client), so a trajectory holding one fails.
+
+    Raises:
+        ValueError: Naming the offending trajectories and how to fix it.
+    """
+    bad = []
+    for i, traj in enumerate(trajectories):
+        if any(m and not math.isfinite(lp) for m, lp in zip(traj.loss_mask, traj.logprobs)):
+            bad.append(i)
+    if bad:
+        raise ValueError(
+            f"{len(bad)} of {len(trajectories)} trajectories (rows {bad[:10]}{' ...' if len(bad) > 10 else ''}) "
+            "have sampled tokens without a finite sampler logprob: they are not token-exact (e.g. made by "
+            "OpenAIPolicy(mode='text'), whose ids are re-tokenized text) and cannot be trained on. Use "
+            "mode='tokens' against a server that returns token ids and logprobs (vLLM, turnrl serve-policy) "
+            "for training; keep text mode for evaluation."
+        )

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from turnrl.tools.parsers import ToolCall
+from turnrl.tools.program import Program
 from turnrl.tools.tool import Tool
 from turnrl.tools.validation import validate_arguments
 
@@ -147,16 +148,16 @@ def check_call(call: ToolCall, tools: Mapping[str, Tool]) -> Tool | ToolResult:
 
 
 def _strings_as_written(call: ToolCall, parameters: Mapping) -> None:
-    """Give each argument the schema types as a string only, written bare in a raw-value format
-    (``call.raw``: ``5``, ``true``, ``null``, ``[1]`` read as JSON), its text as written, in
-    place: the real templates render the string ``"5"`` as ``5``, so a model that writes it so is
-    right."""
+    """Give each argument the schema types as a string, in a raw-value format (``call.raw``), its
+    text as written, in place: the real templates render every string bare (``"5"`` as ``5``,
+    ``'"q"'`` as ``"q"``), so the text is the string, whatever JSON it also reads as (vLLM's
+    parsers for these formats do the same)."""
     if not call.raw:
         return
     properties = parameters.get("properties", {}) if isinstance(parameters, Mapping) else {}
     for key, text in call.raw.items():
         spec = properties.get(key)
-        if isinstance(spec, Mapping) and spec.get("type") == "string" and not isinstance(call.arguments.get(key), str):
+        if isinstance(spec, Mapping) and spec.get("type") == "string":
             call.arguments[key] = text
 
 
@@ -172,8 +173,6 @@ def run_validated(chosen: Tool, call: ToolCall) -> ToolResult:
         value = chosen.fn(**call.arguments)
     except Exception as e:
         return raised_result(call, chosen.name, e)
-    from turnrl.tools.executors.base import Program  # here: the executors package imports this module
-
     if isinstance(value, Program):
         return unavailable_result(
             call, chosen.name, "it is a code tool (it returns a Program) and cannot run in-process; "

@@ -103,10 +103,11 @@ def _json(value: Any, closers: tuple[str, ...] = ()) -> str:
 
 
 def _raw_or_json(value: Any, closers: tuple[str, ...]) -> str:
-    """A value as the XML-ish templates write it: a string raw, anything else as JSON. A string
-    that would read back as another JSON value (``"3"``, ``"true"``, ``'"x"'``) or holds a closing
-    tag is written as a JSON string instead: raw, the template's rendering is ambiguous."""
-    if isinstance(value, str) and _load_json(value)[1] is not None and not any(c in value for c in closers):
+    """A value as the XML-ish templates write it: a string raw (``"5"`` as ``5``, as the real
+    templates render it: ``check_call`` reads it back as the string the schema asks for), anything
+    else as JSON. A string holding a closing tag is written as a JSON string instead: raw, it
+    would end the block (the templates write it raw and cannot be read back)."""
+    if isinstance(value, str) and not any(c in value for c in closers):
         return value
     return _json(value, closers)
 
@@ -157,8 +158,9 @@ def parse_qwen3_coder(text: str) -> ParseResult:
     ``<tool_call>`` blocks not starting with ``<function=`` (hermes JSON, glm4) are not this format.
 
     Template: equal to qwen3_6 and, without booleans, to qwen3_5 and nemotron_3_nano (they render a
-    boolean as Python's ``True``). A string that reads as JSON (``"3"``) or holds a closing tag is
-    written as a JSON string, where the templates write it raw (ambiguous without the schema).
+    boolean as Python's ``True``). A string is written raw as the templates write it, so ``"5"``
+    reads back as ``5`` here and ``check_call`` gives a string-typed parameter its text as written
+    (``ToolCall.raw``); only a string holding a closing tag is written as a JSON string.
     """
     return _parse_blocks(text, QWEN_OPEN, QWEN_CLOSE, _QWEN_SHAPE, _decode_qwen,
                          claims=lambda body: body.lstrip().startswith("<function="), fmt="qwen3_coder")
@@ -429,8 +431,8 @@ def parse_glm4(text: str) -> ParseResult:
     A value is JSON when it reads as JSON, else the raw string. Several blocks per text.
     ``<tool_call>`` blocks starting with ``{`` or ``<`` (hermes, qwen3_coder) are not this format.
 
-    Template (glm4moe): equal, but a string that reads as JSON (``"3"``) or holds a closing tag is
-    written as a JSON string, where the template writes it raw (ambiguous without the schema).
+    Template (glm4moe): equal; a string is written raw as the template writes it (``check_call``
+    gives a string-typed parameter its text as written), one holding a closing tag as a JSON string.
     """
     return _parse_blocks(text, QWEN_OPEN, QWEN_CLOSE, _GLM_SHAPE, _decode_glm4,
                          claims=lambda body: body.strip()[:1] not in ("", "{", "[", "<"), fmt="glm4")

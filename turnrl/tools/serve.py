@@ -81,6 +81,8 @@ from turnrl.serving import (DEFAULT_READ_TIMEOUT_S, DEFAULT_TOKEN_ENV, APIError,
 from turnrl.tools.execute import ToolResult, ToolUnavailableError, check_call, run_validated, unavailable_result
 from turnrl.tools.parsers import ToolCall
 from turnrl.tools.tool import Tool, tool, tool_map
+from turnrl.tools.executors import get_executor
+from turnrl.tools.executors.loop import run_sync
 
 __all__ = ["CallRequest", "CloseSessionRequest", "MAX_BODY_BYTES", "ToolServer", "ToolUnavailable", "load_tools",
            "main"]
@@ -258,8 +260,6 @@ class ToolServer(HTTPService):
     def _run(self, chosen: Tool, call: ToolCall, session: str) -> ToolResult:
         if chosen.executor == "inprocess":
             return run_validated(chosen, call)
-        from turnrl.tools.executors import get_executor  # lazily: the executors import tools
-        from turnrl.tools.executors.loop import run_sync
 
         try:
             executor = get_executor(chosen.executor, **self.executor_options.get(chosen.executor, {}))
@@ -272,7 +272,6 @@ class ToolServer(HTTPService):
     def _close_on_executors(self, session: str, kinds: Iterable[str]) -> None:
         if not kinds:
             return
-        from turnrl.tools.executors import get_executor
 
         for kind in kinds:
             try:

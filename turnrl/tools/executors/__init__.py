@@ -14,7 +14,7 @@ from turnrl.tools.executors.base import (
 )
 from turnrl.tools.executors.inprocess import InProcessExecutor
 from turnrl.tools.executors.loop import get_loop, run_sync
-from turnrl.tools.executors.sandbox import SandboxExecutor, SandboxUnavailable
+from turnrl.tools.executors.sandbox.executor import SandboxExecutor, SandboxUnavailable
 
 __all__ = [
     "EXECUTORS",
@@ -32,4 +32,5 @@ __all__ = [
     "run_sync",
 ]
 
-from turnrl.tools.executors import docker, remote  # noqa: E402,F401  (registers "docker" and "remote"; SDKs load on first use)
+from turnrl.tools.executors import remote  # noqa: E402,F401  (registers "docker" and "remote"; SDKs load on first use)
+from turnrl.tools.executors.docker import executor as docker  # noqa: E402,F401  (registers "docker")

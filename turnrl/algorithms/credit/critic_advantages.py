@@ -1,0 +1,66 @@
+"""Critic-based estimators (PPO with GAE, bi-level turn GAE) and their value targets.
+
+They read ``batch.values`` (set by the trainer from the critic before scoring) and raise a
+clear error without it. ``VALUE_TARGETS`` holds, under the same name, the function giving
+the critic's regression targets (the lambda-returns ``A + V`` before any normalisation);
+it takes the estimator's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from turnrl.algorithms.credit.advantages import ADVANTAGES
+from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.credit.gae import token_gae, turn_level_gae
+from turnrl.algorithms.credit.groups import whiten
+from turnrl.registry import Registry
+
+VALUE_TARGETS: Registry = Registry("value target")
+
+
+def _values(batch: TrainBatch, name: str) -> torch.Tensor:
+    if batch.values is None:
+        raise ValueError(f"advantage {name!r} needs critic values in batch.values; the trainer sets them "
+                         "when algorithm.advantage names a critic-based estimator")
+    return batch.values
+
+
+@ADVANTAGES.register("gae")
+def gae(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, normalize: bool = True) -> torch.Tensor:
+    """PPO's token-level GAE (``gae.token_gae``) from the critic's values, whitened over the
+    batch's sampled tokens when ``normalize``.
+
+    Returns:
+        ``[N, T]`` advantages.
+    """
+    adv = token_gae(batch, _values(batch, "gae"), gamma, lam)
+    return whiten(adv, batch.loss_mask).to(adv.dtype) * batch.loss_mask if normalize else adv
+
+
+@VALUE_TARGETS.register("gae")
+def gae_targets(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, normalize: bool = True) -> torch.Tensor:
+    """Lambda-returns ``A + V`` of ``gae`` (``normalize`` is ignored)."""
+    values = _values(batch, "gae")
+    return (token_gae(batch, values, gamma, lam) + values) * batch.loss_mask
+
+
+@ADVANTAGES.register("turn_gae")
+def turn_gae(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, token_lam: float = 1.0,
+             normalize: bool = True) -> torch.Tensor:
+    """Bi-level GAE (``gae.turn_level_gae``): GAE over turns with the value at each turn's
+    start, then token-level inside each turn; whitened over sampled tokens when ``normalize``.
+
+    Returns:
+        ``[N, T]`` advantages.
+    """
+    adv = turn_level_gae(batch, _values(batch, "turn_gae"), gamma, lam, token_lam)
+    return whiten(adv, batch.loss_mask).to(adv.dtype) * batch.loss_mask if normalize else adv
+
+
+@VALUE_TARGETS.register("turn_gae")
+def turn_gae_targets(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, token_lam: float = 1.0,
+                     normalize: bool = True) -> torch.Tensor:
+    """``A + V`` of ``turn_gae`` (``normalize`` is ignored)."""
+    values = _values(batch, "turn_gae")
+    return (turn_level_gae(batch, values, gamma, lam, token_lam) + values) * batch.loss_mask

@@ -1,0 +1,4 @@
+"""Benchmarks: ``grid`` (every algorithm x seed on one env), ``suite`` (``python -m turnrl bench --suite``:
+a suite defined as data, resumable), ``report`` and ``stats`` (intervals and tests over seeds,
+``special`` functions for them) and ``credit_lab`` (credit estimators against exact values on small
+MDPs)."""

@@ -1,0 +1,1 @@
+"""The docker executor: code runs in a container of a locally built image (``image``)."""
