@@ -187,10 +187,12 @@ def test_the_pool_refills_as_calls_take_sandboxes(warm):
         assert py(warm, "print(6 * 7)", session).endswith("42")
         warm.close_session(session)
     wait_for(lambda: warm.pool.counts()["idle"] >= 2 and warm.pool.counts()["wiping"] == 0)
-    if warm.pool_mode == "recycle":  # every episode's sandbox was wiped and put back (the refill may
-        # still start one when a take leaves fewer than pool_size idle: a fresh start is covered by
-        # test_a_recycled_sandbox_serves_the_next_episode_with_nothing_of_the_last)
-        assert warm.pool.recycled == recycled + 3 and warm.pool.started <= started + 2
+    if warm.pool_mode == "recycle":  # each episode's sandbox was wiped and put back, unless a refill had
+        # already made the pool full (a wiped one beyond pool_size is dropped: no more warm than asked);
+        # a fresh start is covered by test_a_recycled_sandbox_serves_the_next_episode_with_nothing_of_the_last
+        fresh = warm.pool.started - started
+        assert warm.pool.recycled >= recycled + 1 and fresh <= 2
+        assert (warm.pool.recycled - recycled) + fresh >= 3
     else:
         assert warm.pool.started >= started + 3 and warm.pool.recycled == 0
 

@@ -32,5 +32,6 @@ __all__ = [
     "run_sync",
 ]
 
-from turnrl.tools.executors import remote  # noqa: E402,F401  (registers "docker" and "remote"; SDKs load on first use)
-from turnrl.tools.executors.docker import executor as docker  # noqa: E402,F401  (registers "docker")
+# the docker and remote executors register themselves; their SDKs load on first use
+from turnrl.tools.executors import remote  # noqa: E402,F401
+from turnrl.tools.executors.docker import executor as _docker_executor  # noqa: E402,F401
