@@ -1,5 +1,6 @@
-"""The ``turnrl`` command line: ``check-env <env-id>``, ``list-envs``, ``baselines``,
-``bench --suite NAME`` (a benchmark suite: ``turnrl.bench.suite``), ``credit-lab`` (every credit
+"""The ``turnrl`` command line: ``check-env <env-id> [--agent-path DIR]``, ``list-envs``, ``baselines``,
+``bench --suite NAME`` (a benchmark suite: ``turnrl.bench.suite``), ``grid`` (every algorithm x seed
+on one env: ``turnrl.bench.grid``), ``credit-lab`` (every credit
 method's gradient against the exact one: ``turnrl.bench.credit_lab``), ``serve-env <env-id>``,
 ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR`` (a tiny random-init
 checkpoint of a real architecture with its family's chat template), ``eval [OVERRIDES]
