@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_learner import setup  # noqa: E402
+from turnrl.bench import record  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig  # noqa: E402
 
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'bare torch (LM head on every position)':<40} {t['bare']:>9.3f} {r['ratio']['bare']:>13.2f}x")
     print(f"{'lean torch (LM head on sampled tokens)':<40} {t['lean']:>9.3f} {r['ratio']['lean']:>13.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        record.write(args.json, r)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from turnrl.bench import record  # noqa: E402
 from turnrl.bench.stats import growth_exponent  # noqa: E402
 
 
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"growth exponent in rows: time {growth['time']:.2f} (tokens {growth['tokens']:.2f}); peak rise "
           f"{results[0]['peak_rise_mib']:.1f} -> {results[-1]['peak_rise_mib']:.1f} MiB")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": results, "exponent": growth}, indent=1))
+        record.write(args.json, {"setup": {"micro_batch_size": args.micro_batch_size, "repeats": args.repeats,
+                                           "threads": args.threads}, "rows": results, "exponent": growth})
 
 
 if __name__ == "__main__":

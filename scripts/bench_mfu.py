@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_learner_loop import bare_step, lean_step  # noqa: E402
+from turnrl.bench import record  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig, TrainBatch, token_logprobs  # noqa: E402
 from turnrl.algorithms.learner import scoring  # noqa: E402
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     if s["peak_memory_gib"] is not None:
         print(f"peak GPU memory {s['peak_memory_gib']:.1f} GiB")
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        record.write(args.json, r)
 
 
 if __name__ == "__main__":

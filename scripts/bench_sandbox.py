@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench.stats import bootstrap_ci, emit  # noqa: E402
+from turnrl.bench.record import emit  # noqa: E402
+from turnrl.bench.stats import bootstrap_ci  # noqa: E402
 from turnrl.tools import ToolCall, run_python, run_sync  # noqa: E402
 from turnrl.tools.executors import Limits, SandboxExecutor  # noqa: E402
 

@@ -41,14 +41,14 @@ def learner(extra: list[str]) -> tuple[list[dict], str]:
 
 
 def rollout(device: str, extra: list[str]) -> dict:
-    """Run bench_rollout.py; what it wrote with ``--json``."""
+    """Run bench_rollout.py; the result in the record it wrote with ``--json``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rollout.json"
         out = subprocess.run([sys.executable, str(SCRIPTS / "bench_rollout.py"), "--device", device, "--json",
                               str(path), *extra], cwd=ROOT, capture_output=True, text=True)
         if out.returncode != 0:  # vLLM's start-up log is long: only shown when the run failed
             raise RuntimeError(f"bench_rollout.py failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
-        return json.loads(path.read_text())
+        return json.loads(path.read_text())["result"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,6 @@ ratio, and the seconds of one forward + backward of a tiny model over each batch
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from turnrl.bench import record  # noqa: E402
 from turnrl.chat.renderer import ChatRenderer  # noqa: E402
 from turnrl.models.causal_lm import TinyModelConfig, build_tiny_model
 from turnrl.chat.families import family_tokenizer  # noqa: E402
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{row['tokens_per_turn']:11d} {row['ratio']:5.2f}x {row['seconds_segments']:7.3f} "
                   f"{row['seconds_per_turn']:7.3f}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        record.write(args.json, {"episodes": args.episodes, "rows": rows})
     return rows
 
 

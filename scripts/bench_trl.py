@@ -59,7 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from turnrl.bench.stats import emit  # noqa: E402
+from turnrl.bench.record import emit  # noqa: E402
 from turnrl.chat.renderer import ChatRenderer  # noqa: E402
 from turnrl.policies.sampling import SamplingParams  # noqa: E402
 from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402

@@ -67,7 +67,8 @@ from turnrl.models.causal_lm import build_tiny_model  # noqa: E402
 from turnrl.chat.tokenizer import build_tokenizer  # noqa: E402
 from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 from turnrl.algorithms import Learner, LossConfig, OptimConfig, collate  # noqa: E402
-from turnrl.bench.stats import emit, growth_exponent  # noqa: E402
+from turnrl.bench.record import emit  # noqa: E402
+from turnrl.bench.stats import growth_exponent  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 

@@ -22,7 +22,6 @@ Printed: seconds per rollout, sampled tokens/s, and the rollout's speed against 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_turns import guess_number_model  # noqa: E402
+from turnrl.bench import record  # noqa: E402
 from turnrl.policies.sampling import SamplingParams  # noqa: E402
 from turnrl.policies.vllm_engine import _SEED_BOUND, VLLMPolicy  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"rollout speed against the engine: {r['rollout_speed']:.2f}x (same samples: "
           f"{'yes' if r['same_samples'] else 'NO'})")
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        record.write(args.json, r)
 
 
 if __name__ == "__main__":

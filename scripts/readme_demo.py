@@ -10,39 +10,20 @@ the table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
-from importlib.metadata import version
 from pathlib import Path
 
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from turnrl.bench import record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"held-out success: before ([0-9.]+) after ([0-9.]+)")
-
-
-def machine() -> dict:
-    """Cores, CPU model and library versions of this machine."""
-    try:
-        cpu = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).strip()
-    except (OSError, AttributeError):
-        cpu = platform.processor()
-    return {"cores": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
-            **{lib: version(lib) for lib in ("torch", "transformers")}}
-
-
-def commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def run_seed(seed: int, out: Path) -> dict:
@@ -75,11 +56,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in tqdm(args.seeds, desc="make train", unit="seed"):
             rows.append(run_seed(seed, Path(tmp) / f"seed{seed}"))
-    record = {"command": "python -m turnrl.train seed=SEED (make train; one seed at a time)",
-              "script": "python scripts/readme_demo.py " + " ".join(sys.argv[1:]), "git": commit(),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), "rows": rows}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record.write(args.json, {"runs": "python -m turnrl.train seed=SEED (make train; one seed at a time)",
+                             "rows": rows})
     print(table(rows))
     print(f"record: {args.json}")
 

@@ -1,12 +1,13 @@
 """The performance benchmark scripts run end to end on tiny settings and report what they say."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from turnrl.bench import record
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -16,7 +17,7 @@ def run_script(name: str, *args: str, out: Path) -> tuple[str, dict]:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args, "--threads", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, json.loads(out.read_text())
+    return proc.stdout, record.load(out).result
 
 
 def test_bench_turns_compares_the_prefix_cache_whole_prefills_and_raw_generate(tmp_path):
@@ -139,7 +140,7 @@ def test_bench_sandbox_compares_bare_subprocesses_with_each_sandbox_mode(tmp_pat
                            "--episode-calls", "5", "--concurrency", "2", "--repeats", "1", "--pool-size", "1",
                            "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = record.load(out).result
     assert "sandbox, warm per episode (pool=episode)" in proc.stdout
     assert "(pool=recycle)" in proc.stdout and "vs bare" in proc.stdout
     assert set(result["rows"]) == {"bare", "off", "call", "episode", "recycle"}

@@ -272,14 +272,3 @@ def pointwise_band(curves: Sequence[Sequence[float]], seed: int = 0) -> tuple[li
         return None
     intervals = [bootstrap_ci(column, seed=seed) for column in zip(*curves)]
     return [i.low for i in intervals], [i.high for i in intervals]
-
-
-def emit(result: dict, print_table, json_path: str | None) -> None:
-    """A benchmark script's output: ``print_table(result)``, and ``result`` as JSON at
-    ``json_path`` when given (``--json``)."""
-    import json
-    from pathlib import Path
-
-    print_table(result)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1))
