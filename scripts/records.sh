@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Re-measure the benchmark records under docs/results/ that the README's and docs' tables are built
+# from, one script at a time (run it on a quiet machine: the figures are timings), then rebuild the
+# tables: scripts/doc_tables.py. Each record keeps its command, commit, date and machine.
+#
+#   scripts/records.sh            # every record (about an hour on 2 cores)
+#   scripts/records.sh sandbox    # the named ones (see RECORDS below)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=docs/results
+
+declare -A RECORDS=(
+  [learner_loop]="scripts/bench_learner_loop.py --json $OUT/bench_learner_loop.json"
+  [learner_scaling]="scripts/bench_learner_scaling.py --json $OUT/bench_learner_scaling.json"
+  [segments]="scripts/bench_segments.py --json $OUT/bench_segments.json"
+  [mfu]="scripts/bench_mfu.py --hidden-size 896 --layers 2 --vocab-size 3000 --rows 16 --seq-len 256 --micro-batch-size 8 --json $OUT/bench_mfu_cpu.json"
+  [sandbox]="scripts/bench_sandbox.py --json $OUT/bench_sandbox.json"
+  [trl]="scripts/bench_trl.py --json $OUT/bench_trl.json"
+  [turns]="scripts/bench_turns.py --json $OUT/bench_turns.json"
+  [turns_qwen_layers]="scripts/bench_turns.py --hidden-size 896 --heads 14 --kv-heads 2 --intermediate-size 4864 --modes rows,update --json $OUT/bench_turns_qwen_layers.json"
+  [vllm_rollout]="scripts/bench_vllm_rollout.py --json $OUT/bench_vllm_rollout.json"
+  [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
+  [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
+)
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale turns turns_qwen_layers readme_demo)
+
+if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then
+  echo "turnrl/ or scripts/ has uncommitted changes: commit them first, a record names the commit it measured" >&2
+  exit 2
+fi
+names=("$@")
+[[ ${#names[@]} -eq 0 ]] && names=("${ORDER[@]}")
+for name in "${names[@]}"; do
+  [[ -n "${RECORDS[$name]:-}" ]] || { echo "unknown record '$name'; known: ${ORDER[*]}" >&2; exit 2; }
+done
+for name in "${names[@]}"; do
+  echo "== $name: python ${RECORDS[$name]}"
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  "$PY" ${RECORDS[$name]}
+  echo "== $name: $((SECONDS - start)) s"
+done
+"$PY" scripts/doc_tables.py
