@@ -21,6 +21,11 @@ def test_a_record_says_what_ran_where():
     assert len(machine["load_average_at_start"]) == 3
 
 
+def test_a_package_command_is_recorded_as_it_was_called():
+    made = record.make({}, argv=[str(record.ROOT / "turnrl" / "__main__.py"), "credit-lab", "--batches", "5"])
+    assert made["script"] == "turnrl/__main__.py" and made["command"] == "python -m turnrl credit-lab --batches 5"
+
+
 def test_write_then_load_round_trips(tmp_path):
     path = tmp_path / "sub" / "r.json"
     written = record.write(path, {"rows": [1, 2]}, argv=["scripts/bench_x.py", "--json", str(path)])

@@ -8,6 +8,7 @@ is one JSON object::
     {"record": 1,                    # format version
      "script": "scripts/bench_sandbox.py",
      "command": "python scripts/bench_sandbox.py --json docs/results/bench_sandbox.json",
+                                     # (python -m turnrl credit-lab ... for the package's own commands)
      "git": {"commit": "<40 hex>", "dirty": false},   # dirty: turnrl/ or scripts/ had uncommitted changes
      "date": "2026-12-06T15:02:11+00:00",
      "machine": {"cores": 2, "cpu_model": "...", "python": "3.11.2", "torch": "2.13.0", "transformers": "...",
@@ -106,7 +107,10 @@ def make(result: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any
         script_name = str(script.relative_to(ROOT))
     except ValueError:
         script_name = script.name
-    return {"record": FORMAT, "script": script_name, "command": " ".join(["python", script_name, *argv[1:]]),
+    runs = script_name
+    if script_name.startswith("turnrl/"):  # python -m turnrl ...: the module, as it was called
+        runs = "-m " + script_name.removesuffix(".py").removesuffix("/__main__").replace("/", ".")
+    return {"record": FORMAT, "script": script_name, "command": " ".join(["python", runs, *argv[1:]]),
             "git": git_state(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": machine(), "result": result}
 

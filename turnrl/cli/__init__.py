@@ -162,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--workers", type=_positive_int, default=None,
                      help="processes running cells side by side (default: the machine's cores, at most 4)")
     lab.add_argument("--out", default="credit-lab", help="output folder (default ./credit-lab)")
+    lab.add_argument("--json", default=None, metavar="PATH",
+                     help="also write the rows as a benchmark record: the figures with the command, commit, "
+                          "date and machine (turnrl.bench.record; docs/results/credit_lab.json)")
     lab.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
     serve = commands.add_parser(

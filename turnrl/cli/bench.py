@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 
+from turnrl.bench import record
 from turnrl.bench.credit_lab.lab import SWEEPS, run_sweeps
 from turnrl.bench.credit_lab.report import write_report
 from turnrl.bench.grid import main as grid_main
@@ -32,5 +33,8 @@ def credit_lab(args: argparse.Namespace) -> int:
     workers = args.workers or max(1, min(4, os.cpu_count() or 1))
     rows = run_sweeps(sweeps, args.batches, args.seed, workers, args.progress)
     print(write_report(rows, args.out))
+    if args.json:
+        record.write(args.json, {"sweeps": sweeps, "batches": args.batches, "seed": args.seed, "rows": rows})
+        print(f"record: {args.json}")
     print(f"report: {os.path.join(args.out, 'report.html')}")
     return 0
