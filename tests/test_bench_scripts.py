@@ -237,3 +237,14 @@ def test_bench_async_times_a_synchronous_and_an_asynchronous_run_of_one_config(t
         asynchronous["overrides"] and not any("async" in o for o in sync["overrides"])
     assert all(side[key] >= 0 for side in (sync, asynchronous) for key in ("step_time", "rollout_time", "rollout_wait"))
     assert result["speedup"] == pytest.approx(sync["step_time"] / asynchronous["step_time"])
+
+
+def test_eval_demo_trains_the_tiny_run_and_reports_its_evaluation(tmp_path):
+    out = tmp_path / "eval.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "eval_demo.py"), "--tasks", "4", "--samples", "2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = record.load(out).result["report"]
+    assert report["tasks"] == 4 and report["samples"] == 2 and report["greedy"]["episodes"] == 4
+    assert report["sampled"]["episodes"] == 8 and report["greedy"]["reward_model"] is not None
+    assert "| pass@2 |" in proc.stdout and report["env"] == "turnrl/GuessNumber-v0"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from turnrl.bench import record
 from turnrl.bench import suite as bench_suite
 from turnrl.bench.report import RunRecord
 from turnrl.bench.suite import SuiteError, load_suite, parse_suite, plan_cells, write_reports
@@ -294,6 +295,24 @@ def test_report_only_rebuilds_the_reports_from_finished_runs_whatever_their_conf
     # nothing finished: a clear error
     assert cli_main(["bench", "--suite", str(path), "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no finished run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_json_writes_a_record_that_rebuilds_the_suites_tables(finished, tmp_path, monkeypatch):
+    path, out = finished
+    monkeypatch.setattr(bench_suite, "train_cell", lambda *a, **k: pytest.fail("--report-only trained a cell"))
+    target = tmp_path / "results" / "suite.json"
+    assert cli_main(["bench", "--suite", str(path), "--out", str(out), "--report-only", "--json", str(target),
+                     "--", *FAST]) == 0
+    saved = record.load(target)
+    assert saved.command.startswith("python ") and len(saved.commit or "") == 40
+    result = saved.result
+    assert result["baseline"] == "grpo" and result["thresholds"] == {"guess": 0.3} and result["missing"] == []
+    assert [(r["algorithm"], r["seed"]) for r in result["runs"]] == [("grpo", 0), ("grpo", 1), ("rloo", 0), ("rloo", 1)]
+    table = (out / "table.md").read_text()
+    assert bench_suite.record_table(result) in table
+    assert bench_suite.record_table(result, "guess") in table and "| rloo | 2 |" in table
 
 
 @pytest.mark.slow

@@ -17,7 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import VLLM_TINY, free_port, start_server, stop_server
+from turnrl.bench import record
 from turnrl.conf.schema import Config
+from turnrl.eval.report import EvalReport
 from turnrl.eval.metrics import mean_pass_at_k
 from turnrl.train.loop import train
 
@@ -94,6 +96,15 @@ def test_eval_of_a_trained_run_folder(run_dir, tmp_path):
         assert rm["verifier_reward"] == sum(r["verifier_reward"] for r in rows if r["mode"] == mode) / rm["episodes"]
         assert rm["pairwise_agreement"] is None or 0.0 <= rm["pairwise_agreement"] <= 1.0
     assert "| reward model: pairwise agreement |" in stdout
+
+
+def test_json_writes_eval_json_as_a_record_and_the_report_reads_back(run_dir, tmp_path):
+    target = tmp_path / "record.json"
+    report, _, _ = _eval(tmp_path / "eval", "--checkpoint", str(run_dir), "--samples", "2", "--json", str(target))
+    saved = record.load(target)
+    assert saved.result == report and saved.command.startswith("python -m turnrl eval --checkpoint")
+    assert EvalReport.from_dict(report).to_markdown() == (tmp_path / "eval" / "eval.md").read_text().strip()
+    assert EvalReport.from_dict(report).greedy.reward_model is not None  # the run's reward model, typed back
 
 
 def test_eval_of_a_model_folder_by_agent_path_with_config_groups(run_dir, tmp_path):

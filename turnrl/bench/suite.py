@@ -37,9 +37,10 @@ from pathlib import Path
 import yaml
 from tqdm.auto import tqdm
 
+from turnrl.bench import record as bench_record
 from turnrl.bench.grid import compose_config, train_cell
-from turnrl.bench.report import (RUN_COLUMNS, RunRecord, plot_panels, run_rows, suite_html, suite_table,
-                                 summary_csv_rows, write_csv)
+from turnrl.bench.report import (RUN_COLUMNS, RunRecord, markdown, plot_panels, run_rows, suite_head, suite_html,
+                                 suite_rows, suite_table, summary_csv_rows, write_csv)
 from turnrl.bench.stats import MethodSummary, pointwise_band, summarize
 from turnrl.conf.schema import Config
 from turnrl.algorithms.distributed import LOCAL_PROCESSES_ENV, set_torch_threads
@@ -503,6 +504,26 @@ def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -
     return records, missing
 
 
+def write_record(path: str | Path, suite: Suite, records: Sequence[RunRecord], overrides: Sequence[str] = (),
+                 missing: Sequence[str] = ()) -> None:
+    """Write the suite's runs as a benchmark record (``turnrl.bench.record``) at ``path``: every
+    run's figures, the baseline and thresholds, the overrides and the cells not run, from which
+    ``record_table`` rebuilds the suite's tables."""
+    bench_record.write(path, {"suite": suite.name, "baseline": suite.baseline, "thresholds": suite.thresholds,
+                              "seeds": list(suite.seeds), "overrides": list(overrides), "missing": list(missing),
+                              "runs": [asdict(r) for r in records]})
+
+
+def record_table(result: dict, env: str | None = None) -> str:
+    """The suite's Markdown table(s) from a record's ``result`` (``write_record``): every env's
+    section as ``table.md`` shows it, or only ``env``'s table."""
+    records = [RunRecord(**{**run, "evals": [tuple(e) for e in run["evals"]]}) for run in result["runs"]]
+    summaries = summarize(records, result["baseline"], result["thresholds"])
+    if env is None:
+        return suite_table(summaries, result["baseline"])
+    return markdown(suite_head(result["baseline"], result["thresholds"][env]), suite_rows(summaries)[env])
+
+
 def run_from_args(args) -> int:
     """The ``bench`` subcommand of ``turnrl.cli``: 0 done, 2 a bad suite or selection (before
     any training), 130 interrupted (rerun the same command to continue)."""
@@ -522,11 +543,13 @@ def run_from_args(args) -> int:
             return 2
         if missing:
             print(f"turnrl bench: {len(missing)} cell(s) not run, left out: {', '.join(missing)}", file=sys.stderr)
+        if getattr(args, "json", None):
+            write_record(args.json, suite, records, args.overrides, missing)
         print((out / "table.md").read_text(), end="")
         print(f"report: {out / 'report.html'} ({len(records)} runs)")
         return 0
     try:
-        run_suite(suite, out, args.overrides, progress=args.progress, workers=args.workers)
+        records = run_suite(suite, out, args.overrides, progress=args.progress, workers=args.workers)
     except SuiteError as e:
         print(f"turnrl bench: error: {e}", file=sys.stderr)
         return 2
@@ -534,6 +557,8 @@ def run_from_args(args) -> int:
         print(f"turnrl bench: interrupted; the finished runs are kept in {out}: run the same command again to go on",
               file=sys.stderr)
         return 130
+    if getattr(args, "json", None):
+        write_record(args.json, suite, records, args.overrides)
     print((out / "table.md").read_text(), end="")
     print(f"report: {out / 'report.html'}")
     return 0

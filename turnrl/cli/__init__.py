@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                                                       "module:env-id; default: every registered turnrl env)")
     baselines.add_argument("--episodes", type=_positive_int, default=200, help="episodes per player (default 200)")
     baselines.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
+    baselines.add_argument("--json", default=None, metavar="PATH",
+                           help="also write the rows as a benchmark record, with the command, commit, date and "
+                                "machine (turnrl.bench.record)")
 
     bench = commands.add_parser(
         "bench", help="run a benchmark suite (envs x methods x seeds) and report it with 95%% intervals",
@@ -140,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="runs trained at once, each in its own process (default 1); each takes "
                             "trainer.threads torch threads, by default its share of the cores (cores / workers)")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar over the runs")
+    bench.add_argument("--json", default=None, metavar="PATH",
+                       help="also write every run's figures as a benchmark record: with the command, commit, date "
+                            "and machine (turnrl.bench.record); the docs' suite tables are rebuilt from it")
     bench.add_argument("--report-only", action="store_true",
                        help="train nothing: rebuild the reports from the finished runs in --out, even those whose "
                             "config has changed since (code or schema changes), and list the cells not run")
@@ -280,6 +286,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-tasks", type=_positive_int, default=32,
                           help="tasks per rollout batch (default 32; each --samples rows when sampling)")
     evaluate.add_argument("--out", required=True, help="folder to write eval.json, eval.md, eval_episodes.jsonl to")
+    evaluate.add_argument("--json", default=None, metavar="PATH",
+                          help="also write eval.json's figures as a benchmark record, with the command, commit, date "
+                               "and machine (turnrl.bench.record)")
     evaluate.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
     image = commands.add_parser(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 
 from tqdm import tqdm
 
+from turnrl.bench import record
 from turnrl.cli.common import EXIT_OK, EXIT_USAGE, serve_until_signalled
 from turnrl.envs import registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
@@ -30,6 +32,8 @@ def baselines(args: argparse.Namespace) -> int:
     for env_id in tqdm(env_ids, desc="baselines", unit="env"):
         rows += measure_all([env_id], episodes=args.episodes, split=args.split)
     print(format_table(rows))
+    if args.json:
+        record.write(args.json, {"episodes": args.episodes, "split": args.split, "rows": [asdict(r) for r in rows]})
     return EXIT_OK
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from turnrl.bench import record
 from turnrl.cli.common import EXIT_OK, EXIT_USAGE
 from turnrl.eval.run import eval_config, resolve_checkpoint, run_eval, write_outputs
 
@@ -25,6 +27,8 @@ def evaluate(args: argparse.Namespace) -> int:
         print(f"turnrl eval: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     out = write_outputs(report, greedy, sampled, args.out)
+    if args.json:
+        record.write(args.json, json.loads(report.to_json()))
     print(report.to_markdown())
     print(f"wrote eval.json, eval.md and eval_episodes.jsonl to {out}", flush=True)
     return EXIT_OK

@@ -126,6 +126,19 @@ class EvalReport:
         """The report as indented JSON (``pass_at_k``'s keys become strings)."""
         return json.dumps(asdict(self), indent=1)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> EvalReport:
+        """The report ``json.loads(report.to_json())`` holds (``eval.json``)."""
+
+        def stats(value: dict | None) -> EpisodeStats | None:
+            if value is None:
+                return None
+            agreement = value.get("reward_model")
+            return EpisodeStats(**{**value, "reward_model": RewardAgreement(**agreement) if agreement else None})
+
+        return cls(**{**data, "greedy": stats(data["greedy"]), "sampled": stats(data["sampled"]),
+                      "pass_at_k": {int(k): v for k, v in data.get("pass_at_k", {}).items()}})
+
     def to_markdown(self) -> str:
         """A Markdown heading line and table: one row per figure, a column per episode set."""
         sets = [(name, stats) for name, stats in (("greedy", self.greedy), ("sampled", self.sampled)) if stats]
