@@ -120,7 +120,7 @@ def trl(r: Record) -> str:
     s = r.result["setup"]
     return (markdown_table(["benchmark", "turnrl s/step", "TRL s/step", "turnrl / TRL", "sampled tokens / episode "
                             "(turnrl / TRL)", "tool calls / episode (turnrl / TRL)", "same prompt ids"], rows)
-            + f"\n\nMedian of {s['steps']} steps a side after {s['warmup']}, {s['threads']} torch threads; "
+            + f"\n\nMedian of {s['steps']} steps a side after {s['warmup']}, {s['threads']} torch thread{'s' if s['threads'] != 1 else ''}; "
             f"torch {s['torch']}, transformers {s['transformers']}, trl {s['trl']}.")
 
 
@@ -172,19 +172,18 @@ def scale_rollout(r: Record) -> str:
             f"best of {s['repeats']}; largest logprob difference between the two {s['logprob_max_abs']:.1e}.")
 
 
-TURN_MODES = {"rows": ("prefix cache", "prefix cache (rows, the default)"),
-              "copied": ("cache, copied per call", "copied per call"),
-              "concatenated": ("cache, KV concatenated", "KV concatenated"),
-              "whole": ("whole prefill", "whole prefill"), "generate": ("generate", "one `generate`, first prompt"),
-              "turn-generate": ("generate per turn", "`generate` per turn"), "update": ("learner update", "update")}
+TURN_MODES = {"prefix cache": "prefix cache (rows, the default)", "cache, copied per call": "copied per call",
+              "cache, KV concatenated": "KV concatenated", "whole prefill": "whole prefill",
+              "generate": "one `generate`, first prompt", "generate per turn": "`generate` per turn",
+              "learner update": "update"}
 
 
 def turns(r: Record) -> str:
     """Seconds per episode by turns for each mode, the collector against raw ``generate``, growth
     exponents in turns."""
     s, rows, e = r.result["setup"], r.result["rows"], r.result["exponent"]
-    modes = [m for m in TURN_MODES if m in s["modes"]]
-    head = ["turns", "tokens / episode", *(f"{TURN_MODES[m][1]}, s/episode" for m in modes)]
+    modes = [m for m in TURN_MODES if m in s["modes"]]  # bench_turns.py's labels of the modes it ran
+    head = ["turns", "tokens / episode", *(f"{TURN_MODES[m]}, s/episode" for m in modes)]
     ratios = [(key, label) for key, label in (("collector_vs_generate", "collector / one `generate`"),
                                               ("collector_vs_turn_generate", "collector / `generate` per turn"))
               if key in rows[0]]
@@ -193,9 +192,9 @@ def turns(r: Record) -> str:
     body = []
     for row in rows:
         cells = [f"{row['played_turns']:.0f}", f"{row['episode_tokens']:,.0f}",
-                 *(f"{row[TURN_MODES[m][0]]:.3f}" for m in modes), *(_x(row[key]) for key, _ in ratios)]
+                 *(f"{row[m]:.3f}" for m in modes), *(_x(row[key]) for key, _ in ratios)]
         body.append(cells + ([f"{row['step']:.3f}"] if has_step else []))
-    grown = ", ".join(f"{TURN_MODES[m][1]} {e[m]:.2f}" for m in modes if m in e)
+    grown = ", ".join(f"{TURN_MODES[m]} {e[m]:.2f}" for m in modes if m in e)
     if "step" in e:
         grown += f", the whole step {e['step']:.2f}"
     return (markdown_table(head, body)

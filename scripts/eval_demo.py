@@ -37,6 +37,7 @@ def train_run(out: Path) -> dict:
                 "agent.model": MODEL, "agent.warmstart": dict(steps=60, batch_size=8, lr=3e-3),
                 "agent.tokenizer.corpus_episodes": 30, "reward_model": dict(steps=10, scripted_episodes=32),
                 "trainer": dict(steps=2, tasks_per_step=4, group_size=4, eval_episodes=8, eval_every=2, threads=1,
+                                checkpoint_every=2,  # the reward model is kept in the resumable checkpoint
                                 progress=False, tensorboard=False)}
     cfg = OmegaConf.structured(Config)
     for key, value in settings.items():
