@@ -12,7 +12,7 @@ from turnrl.bench import record
 from turnrl.cli.common import EXIT_OK, EXIT_USAGE, serve_until_signalled
 from turnrl.envs import registered_env_ids
 from turnrl.envs.baselines import format_table, measure_all
-from turnrl.envs.check import UnknownEnvError, env_id_of
+from turnrl.env_ids import UnknownEnvError, env_id_of
 from turnrl.envs.server import EnvServer
 from turnrl.serving import server_token
 

@@ -13,7 +13,7 @@ import gymnasium
 from turnrl.chat.families import family_of, load_template
 from turnrl.chat.formats import detect
 from turnrl.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, MODEL_ARCHS
-from turnrl.envs.check import UnknownEnvError, env_id_of
+from turnrl.env_ids import UnknownEnvError, env_id_of
 from turnrl.models.tiny_checkpoints import build_checkpoint, template_tokenizer
 from turnrl.rollout.scripted import corpus_texts
 from turnrl.tools.executors.docker import image as docker_image

@@ -22,7 +22,6 @@ need not be registered), or given as an object.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import traceback
@@ -37,7 +36,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from gymnasium.utils.env_checker import data_equivalence
 
 from turnrl.envs.base import SPLITS, hand_written_tools
-from turnrl.envs.registration import NAMESPACE, registered_env_ids
+from turnrl.env_ids import UnknownEnvError, env_id_of, resolve_env
 from turnrl.chat.renderer import ChatRenderer
 from turnrl.chat.tokenizer import build_tokenizer
 from turnrl.rollout.scripted import corpus_texts, scripted_episode
@@ -65,11 +64,6 @@ COMPARED_INFO_KEYS = ("task_id", "state_key", "success")
 TOOL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
 SHOWN_ITEMS = 10
 """Lists in failure details (seeds, ids, problems) show at most this many items."""
-
-
-class UnknownEnvError(ValueError):
-    """``check`` was given an env name it cannot resolve: an unregistered id, a module that does
-    not import, or a ``module:name`` whose name is neither a registered id nor an env class."""
 
 
 class CheckFailure(Exception):
@@ -193,7 +187,7 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         raise ValueError(f"seeds must be a positive int, got {seeds!r}")
     if isinstance(env_id_or_env, str):
         env_id = env_id_or_env
-        make, what = _resolve(env_id)
+        make, what = resolve_env(env_id)
         if agent is not None and "tool_parser" not in (env_kwargs or {}):
             env_kwargs = {**(env_kwargs or {}), "tool_parser": agent.renderer().format.tool_parser}
         try:
@@ -212,51 +206,6 @@ def check(env_id_or_env: str | gymnasium.Env, *, seeds: int = 50, env_kwargs: di
         env_id = spec.id if spec is not None else type(env.unwrapped).__name__
     checks = [replace(c, run=partial(c.run, agent=agent)) if c.name in AGENT_CHECKS else c for c in CHECKS]
     return CheckReport(env_id, [_run(c, env, seeds) for c in checks], seeds)
-
-
-def env_id_of(name: str) -> str:
-    """The gymnasium id of the env ``name`` names, for the commands that make envs by id
-    (``baselines``, ``build-model``, ``serve-env``): a registered id is itself; ``module:env-id``
-    is ``env-id`` (the module registers it on import); ``module:ClassName`` registers the class
-    as ``module/ClassName-v0`` (once) and is that id.
-
-    Raises:
-        UnknownEnvError: As ``check`` does, saying what did not load and what names work.
-    """
-    if name in gymnasium.registry:
-        return name
-    make, _ = _resolve(name)
-    if isinstance(make, type):
-        module_name, _, class_name = name.partition(":")
-        env_id = f"{module_name}/{class_name}-v0"
-        if env_id not in gymnasium.registry:
-            gymnasium.register(env_id, entry_point=make)
-        return env_id
-    return name.partition(":")[2]  # module:env-id (an unregistered name without ":" raised above)
-
-
-def _resolve(name: str) -> tuple[Callable[..., gymnasium.Env], str]:
-    """How to build the env ``name`` names (a registered id, ``module:env-id`` or
-    ``module:ClassName``): a constructor taking the env kwargs, and how a report says it."""
-    hint = (f"registered {NAMESPACE} ids: {', '.join(registered_env_ids())}; an env of your own: "
-            "module:ClassName or module:env-id (run from the module's folder or put it on PYTHONPATH)")
-    env_id = name
-    if name not in gymnasium.registry and ":" in name:
-        module_name, _, env_id = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:
-            raise UnknownEnvError(f"cannot import module {module_name!r} of {name!r} ({type(e).__name__}: {e}); "
-                                  f"{hint}") from e
-        cls = getattr(module, env_id, None)
-        if isinstance(cls, type) and issubclass(cls, gymnasium.Env):
-            return cls, f"{module_name}.{env_id}"
-        if env_id not in gymnasium.registry:
-            raise UnknownEnvError(f"{name!r}: module {module_name!r} has no env class named {env_id!r} and "
-                                  f"registers no env id {env_id!r}; {hint}")
-    if env_id not in gymnasium.registry:
-        raise UnknownEnvError(f"unknown env id {env_id!r}; {hint}")
-    return (lambda **kwargs: gymnasium.make(env_id, disable_env_checker=True, **kwargs)), f"gymnasium.make({env_id!r})"
 
 
 # ------------------------------------------------------------------ running
