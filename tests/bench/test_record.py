@@ -51,7 +51,3 @@ def test_load_refuses_a_file_that_lost_its_provenance(tmp_path, content, says):
     with pytest.raises(ValueError, match=says) as error:
         record.load(path)
     assert str(path) in str(error.value) and "--json" in str(error.value)
-
-
-def test_markdown_table():
-    assert record.markdown_table(["a", "b"], [[1, "x"], [2.5, ""]]) == "| a | b |\n|---|---|\n| 1 | x |\n| 2.5 |  |"

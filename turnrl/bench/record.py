@@ -161,10 +161,3 @@ def emit(result: dict[str, Any], print_table: Callable[[dict], None], json_path:
     if json_path:
         write(json_path, result)
         print(f"record written to {json_path}")
-
-
-def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table: ``header``, a rule, one line per row (cells as ``str``)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
