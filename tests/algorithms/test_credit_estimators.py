@@ -156,6 +156,16 @@ def test_mt_grpo(batch):
            [[-m + p, p, p], [p - m, -m], [-m - m, -m, -m], [s], [-s, -s, -s]])
 
 
+def test_mt_grpo_without_intermediate_rewards_is_grpo():
+    # an outcome paid at the last turn only (the long envs of the credit suite): every A^T is 0,
+    # so MT-GRPO's advantages are GRPO's, bit for bit
+    rng = random.Random(3)
+    trajs = [traj([0] * (n - 1) + [rng.choice([0.0, 1.0])], [f"s{k}" for k in range(n)], i // 4)
+             for i, n in enumerate(rng.randint(1, 5) for _ in range(16))]
+    sparse = collate(trajs, pad_id=0)
+    assert torch.equal(ADVANTAGES["mt_grpo"](sparse), ADVANTAGES["grpo"](sparse))
+
+
 def test_observation_tokens_never_cut_a_return():
     # one sample per group would give 0 for group-relative estimators; use two groups in one
     # trajectory pair where only the long observation gaps differ
