@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install train test test-fast lint clean
+.PHONY: install train test test-fast lint clean browser
 
 $(STAMP): pyproject.toml
 	# bubblewrap (Debian package) is the sandbox for model-written code
@@ -42,8 +42,15 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check turnrl scripts tests
 	$(BIN)/lint-imports
 
+# Debian's chromium, for the run page's tests in a real browser (Playwright drives it through its
+# executable_path: Playwright's own browser download is not needed)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	  || echo "warning: chromium is missing and was not installed: run 'sudo apt-get install chromium' for the page's browser tests"
+
 # Everything (what CI runs).
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The fast tier for the edit loop: every test not marked slow (no training runs, servers, vLLM

@@ -23,6 +23,7 @@ TOP_LEVEL = {
     "cli",          # the one command line: python -m turnrl train|eval|bench|grid|serve-*|...
     "conf",         # Hydra configs and their schema
     "train", "eval", "bench",
+    "runs",         # what a run keeps for people to look at (rollouts), read by the trainer and the viewer
     "envs", "tools", "rollout", "algorithms", "policies", "chat", "models", "serving",
     "registry.py",  # the registries every package fills (estimators, losses, parsers, ...)
     "env_ids.py",   # the built-in env ids: `import turnrl` registers them without importing an env

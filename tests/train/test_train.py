@@ -135,24 +135,6 @@ def test_a_cached_warm_start_gives_the_run_a_fresh_warm_start_gives(tmp_path, ca
         != cache_key(first_cfg)
 
 
-def test_high_cut_or_parse_error_rates_warn_once_naming_the_setting(caplog):
-    from turnrl.train.recorder import warn_once
-
-    cfg, warned = OmegaConf.to_object(OmegaConf.structured(Config)), set()
-    with caplog.at_level("WARNING", logger="turnrl.train.recorder"):
-        for _ in range(3):
-            warn_once({"turn_length_cut_rate": 0.9, "tool_parse_error_rate": 0.1}, cfg, warned)
-    messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="turnrl.train.recorder"):
-        warn_once({"context_limit_rate": 0.2}, cfg, warned)  # below a quarter: quiet
-        for _ in range(2):
-            warn_once({"context_limit_rate": 0.5}, cfg, warned)
-    messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and "agent.max_context_tokens=1024" in messages[0], messages
-
-
 def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp_path):
     cfg = OmegaConf.structured(_config("turnrl/GuessNumber-v0", {"n": 32}, steps=4, tasks_per_step=3,
                                        group_size=3))
@@ -267,15 +249,3 @@ def test_training_runs_data_parallel_under_accelerate_launch(tmp_path):
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
     assert (tmp_path / "summary.txt").exists() and (tmp_path / "rank1").is_dir()
     assert not (tmp_path / "rank1" / "summary.txt").exists()  # only the main process writes
-
-
-def test_nearly_all_empty_actions_warn_once_naming_the_thought_and_the_fixes(caplog):
-    from turnrl.train.recorder import warn_once
-
-    cfg, warned = OmegaConf.to_object(OmegaConf.structured(Config)), set()
-    with caplog.at_level("WARNING", logger="turnrl.train.recorder"):
-        warn_once({"empty_action_rate": 0.5}, cfg, warned)  # some empty turns: quiet
-        for _ in range(2):
-            warn_once({"empty_action_rate": 1.0}, cfg, warned)
-    messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and "<think>" in messages[0] and "enable_thinking" in messages[0], messages

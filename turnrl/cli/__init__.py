@@ -5,7 +5,8 @@ method's gradient against the exact one: ``turnrl.bench.credit_lab``), ``serve-e
 ``serve-policy --path CHECKPOINT``, ``build-model --arch ARCH --out DIR`` (a tiny random-init
 checkpoint of a real architecture with its family's chat template), ``eval [OVERRIDES]
 --checkpoint RUN --out DIR`` (a policy on held-out tasks, any backend: see ``turnrl.eval.run``),
-``build-docker-image`` (the docker executor's default image, built locally) and ``train
+``build-docker-image`` (the docker executor's default image, built locally), ``view RUN_DIR`` (a
+page of a run's kept episodes: ``turnrl.runs.view``) and ``train
 [OVERRIDES]`` (training: the same as ``python -m turnrl.train OVERRIDES`` / ``turnrl-train``,
 Hydra's entry point ``turnrl.train.entry``).
 
@@ -51,6 +52,7 @@ COMMANDS: dict[str, str] = {
     "build-docker-image": "turnrl.cli.models:build_docker_image",
     "train": "turnrl.cli.train:train",
     "grid": "turnrl.cli.bench:grid",
+    "view": "turnrl.cli.view:view",
 }
 
 
@@ -322,6 +324,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     grid.add_argument("overrides", nargs=argparse.REMAINDER, metavar="ARG",
                       help="turnrl.bench.grid's arguments: --algorithms, --seeds, --variant, --out, -- and overrides")
+
+    view = commands.add_parser(
+        "view", help="write RUN_DIR/view.html: the run's kept episodes, token by token with their credit",
+        description="Write one self-contained HTML page (no server, opens offline) of the episodes a run kept "
+                    "(RUN_DIR/rollouts/, trainer.rollouts): by step, grouped by task, the best and worst of each "
+                    "group side by side, every sampled token coloured by its advantage, logprob gap, importance "
+                    "weight or entropy; filters by outcome, env and termination; one task step over step.",
+    )
+    view.add_argument("run_dir", metavar="RUN_DIR", help="a run's output folder (holding rollouts/)")
+    view.add_argument("--out", default=None, help="where to write the page (default RUN_DIR/view.html)")
     return parser
 
 

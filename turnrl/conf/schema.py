@@ -90,6 +90,51 @@ class WarmStartConfig:
 
 
 @dataclass
+class KeepRolloutsConfig:
+    # keep the episodes of every this many RL steps in RUN/rollouts/ (token by token, with their
+    # credit; format in turnrl/runs/rollouts.py, read with turnrl.runs.load_rollouts); 0 = none
+    every: int = 1
+    # of each kept step, at most this many episodes: whole groups, in batch order (null = all)
+    episodes: Optional[int] = None
+    # of each kept episode, the per-token figures of the first this many tokens (null = all;
+    # the messages are kept whole)
+    tokens: Optional[int] = None
+    # keep the held-out evaluations' episodes too (RUN/rollouts/eval/), under the same bounds
+    eval: bool = True
+    # rewrite RUN/view.html (the page of the kept episodes: python -m turnrl view) every this many
+    # steps, and at the end; 0 = only at the end
+    view_every: int = 10
+
+
+@dataclass
+class WatchConfig:
+    # The collapse watch (turnrl/runs/watch.py): after each step, warn (once per run and kind, in the
+    # log, RUN/warnings.json and the first page of view.html) when a signal crosses its threshold.
+    # Steps compared: the trends below set the mean of the last `window` steps against the `window`
+    # before (or the first `window` steps)
+    window: int = 10
+    # reward rose while diversity (unique_ngram_rate or distinct_answers) fell by this fraction
+    diversity_drop: float = 0.3
+    # entropy per sampled token fell below this fraction of the first window's (collapse), or
+    # rose above this multiple of it (the policy dissolving into noise)
+    entropy_fraction: float = 0.1
+    entropy_rise: float = 3.0
+    # at the last step: turns cut by max_new_tokens, turns with a malformed tool call, episodes the
+    # infrastructure ended, episodes out of context, turns that gave the env nothing (rates)
+    turn_length_cut_rate: float = 0.5
+    tool_parse_error_rate: float = 0.5
+    infra_failure_rate: float = 0.5
+    context_limit_rate: float = 0.25
+    empty_action_rate: float = 0.9
+    # sampler/learner KL per sampled token (mismatch_kl) above this
+    mismatch_kl: float = 0.01
+    # KL to the reference per sampled token (kl; with algorithm.kl_coef > 0) above this
+    kl: float = 0.1
+    # over the last window: the share of groups whose samples all got the same reward above this
+    zero_signal_groups: float = 0.8
+
+
+@dataclass
 class VLLMConfig(VLLMEngineConfig):
     """The vLLM engine of agent.backend=vllm (every field, dtype ... extra, is
     VLLMEngineConfig's: see turnrl/policies/vllm_engine.py for each one's meaning and default;
@@ -256,6 +301,10 @@ class TrainerConfig(OptimConfig):
     tensorboard: bool = True
     # show a progress bar
     progress: bool = True
+    # the episodes the run keeps for people to look at (RUN/rollouts/)
+    rollouts: KeepRolloutsConfig = field(default_factory=KeepRolloutsConfig)
+    # the thresholds of the collapse watch's warnings
+    watch: WatchConfig = field(default_factory=WatchConfig)
 
 
 @dataclass

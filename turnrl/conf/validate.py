@@ -131,6 +131,16 @@ def problems(cfg: Config) -> list[str]:
         out.append(f"trainer.checkpoint_every must be >= 0 (0 = off) and trainer.keep_checkpoints >= 1, got "
                    f"{trainer.checkpoint_every!r} and {trainer.keep_checkpoints!r}; set e.g. "
                    "trainer.checkpoint_every=50 trainer.keep_checkpoints=1")
+    keep = trainer.rollouts
+    if keep.view_every < 0:
+        out.append(f"trainer.rollouts.view_every={keep.view_every!r} must be >= 0 (0 = write view.html at the end "
+                   "only); set e.g. trainer.rollouts.view_every=10")
+    if keep.every < 0 or (keep.episodes is not None and keep.episodes < 1) or (keep.tokens is not None
+                                                                                and keep.tokens < 0):
+        out.append(f"trainer.rollouts.every must be >= 0 (0 = keep no rollouts), trainer.rollouts.episodes >= 1 or "
+                   f"null (all) and trainer.rollouts.tokens >= 0 or null (all), got every={keep.every!r}, "
+                   f"episodes={keep.episodes!r}, tokens={keep.tokens!r}; set e.g. trainer.rollouts.every=10 "
+                   "trainer.rollouts.episodes=16")
     staleness = trainer.max_staleness
     staleness_ok = isinstance(staleness, int) and not isinstance(staleness, bool) and staleness >= 0
     if not staleness_ok:

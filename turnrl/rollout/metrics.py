@@ -16,6 +16,29 @@ def unique_ngram_rate(sequences: list[list[int]], n: int = 3) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
+def group_figures(trajectories: list[Trajectory]) -> tuple[float, float]:
+    """``(zero_signal_groups, distinct_answers)`` over the groups of two or more samples (a task's
+    samples, by ``group_id``; infrastructure failures left out): the share of groups whose samples
+    all got the same reward (a group-relative advantage is 0 on every one of them: no learning
+    signal), and the mean over groups of distinct final answers (the last assistant message,
+    stripped) per sample (1.0: every sample answered differently; 1/G: all the same). ``(0.0,
+    1.0)`` when no group has two samples (greedy evaluations)."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        if not is_infra_failure(t.termination):
+            groups.setdefault(t.group_id, []).append(t)
+    groups = {g: members for g, members in groups.items() if len(members) > 1}
+    if not groups:
+        return 0.0, 1.0
+    flat = sum(len({t.reward for t in members}) == 1 for members in groups.values()) / len(groups)
+    distinct = sum(len({_final_answer(t) for t in members}) / len(members) for members in groups.values())
+    return flat, distinct / len(groups)
+
+
+def _final_answer(t: Trajectory) -> str:
+    return next((m.get("content", "") for m in reversed(t.messages) if m.get("role") == "assistant"), "").strip()
+
+
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """``episodes`` (the count) and means over the batch: reward, success, turns, tokens, tool and
     truncation rates, ``empty_action_rate`` (turns that gave the env nothing, e.g. a thought never
@@ -26,7 +49,9 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     and ``refill_rate``, the fraction sampled again after such an ending
     (``trainer.infra_failures="refill"``); with a learned reward model
     also ``verifier_reward`` and ``proxy_verifier_gap`` (proxy - verifier); for a mixture env
-    ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env.
+    ``success@<env>``, ``reward@<env>`` and ``episodes@<env>`` per sub-env. Diversity:
+    ``unique_ngram_rate`` (``unique_ngram_rate``), ``distinct_answers`` and the share of groups with
+    no learning signal, ``zero_signal_groups`` (``group_figures``).
 
     ``reward`` and ``success`` (and their per-env forms) measure the policy: they are means over
     the episodes the model ended, leaving out those the infrastructure ended (an env server that
@@ -61,6 +86,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "segments": sum(t.num_segments for t in trajectories) / n,
         "unique_ngram_rate": unique_ngram_rate(sampled),
     }
+    out["zero_signal_groups"], out["distinct_answers"] = group_figures(trajectories)
     verified = [t for t in trajectories if t.verifier_reward is not None]
     if verified:  # a learned reward model gave the rewards: watch it against the verifier
         out["verifier_reward"] = sum(t.verifier_reward for t in verified) / len(verified)

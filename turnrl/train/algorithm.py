@@ -17,7 +17,7 @@ from turnrl.algorithms.learner.critic import Critic, CriticLearner, new_value_he
 from turnrl.algorithms.credit.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.credit.assign import Credited, assign_credit
 from turnrl.algorithms.kl_control import KLController
-from turnrl.algorithms.learner.learner import Learner, StepCoefs
+from turnrl.algorithms.learner.learner import Learner, StepCoefs, TokenView
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.train.factories import advantage_fn
 from turnrl.conf.schema import Config
@@ -78,11 +78,13 @@ class Algorithm:
                              if kl_in_reward else None,
                              values=values, value_targets=self.value_targets)
 
-    def update(self, credited: Credited, coefs: StepCoefs) -> dict[str, float]:
-        """One update of the policy (and critic) on ``credited``; returns the step's figures."""
+    def update(self, credited: Credited, coefs: StepCoefs, view: TokenView | None = None) -> dict[str, float]:
+        """One update of the policy (and critic) on ``credited``; returns the step's figures (and
+        fills ``view`` with the per-token ones, when given)."""
         batch = credited.batch
         metrics = self.learner.update(batch, credited.advantages,
-                                      credited.returns if self.value_head is not None else None, coefs=coefs)
+                                      credited.returns if self.value_head is not None else None, coefs=coefs,
+                                      view=view)
         if self.critic is not None:
             metrics.update(self.critic.update(batch, credited.returns, batch.values))
         if credited.reward_kl is not None:

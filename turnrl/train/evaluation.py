@@ -18,13 +18,16 @@ def heldout_tasks(num_episodes: int) -> list[Task]:
 
 
 def evaluate(collector: RolloutCollector, tasks: list[Task], max_new_tokens: int,
-             gather: Callable[[list[Trajectory]], list[Trajectory]] | None = None) -> dict[str, float]:
-    """Greedy rollouts of ``tasks`` (one each); returns ``rollout_metrics`` of them.
+             gather: Callable[[list[Trajectory]], list[Trajectory]] | None = None
+             ) -> tuple[dict[str, float], list[Trajectory]]:
+    """Greedy rollouts of ``tasks`` (one each); returns ``rollout_metrics`` of them and the
+    trajectories.
 
     With several processes each runs its share of the tasks (``turnrl.algorithms.distributed.shard_list``)
     and ``gather`` (e.g. accelerate's ``gather_object``) joins every process's trajectories in
-    rank order, so every process returns the metrics of the whole held-out set.
+    rank order, so every process returns the metrics and trajectories of the whole held-out set.
     """
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     trajectories = collector.collect(tasks, group_size=1, params=params)
-    return rollout_metrics(trajectories if gather is None else gather(trajectories))
+    trajectories = trajectories if gather is None else gather(trajectories)
+    return rollout_metrics(trajectories), trajectories

@@ -2,7 +2,7 @@
 
 ``train`` reads top to bottom: set up the run, run the stages before RL, then per step:
 next rollouts -> batch -> credit (KL in the reward, values, advantages) -> update -> publish
-the weights to the sampler -> record (metrics, evaluation, checkpoint). Each part lives in
+the weights to the sampler -> record (metrics, the episodes kept, evaluation, checkpoint). Each part lives in
 its own module: ``turnrl.train.setup`` (processes, model, logger), ``turnrl.train.stages`` (warm start,
 reward model, DPO), ``turnrl.train.algorithm`` (coefficients, credit, update),
 ``turnrl.train.rollout_source`` (samplers and the sync/async pipelines), ``turnrl.train.recorder``
@@ -62,9 +62,10 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             batch = collate(rollouts.trajectories, run.tokenizer.pad_token_id, cfg.algorithm.state_similarity,
                             cfg.trainer.infra_failures)
             credited = algorithm.credit(batch, coefs)
-            update = algorithm.update(credited, coefs)
+            view = recorder.token_view(step, batch)  # per-token figures, on the steps whose episodes are kept
+            update = algorithm.update(credited, coefs, view)
             source.after_update(step, run.model)    # the sampler gets the new weights
-            recorder.record(step, rollouts, waited, credited, update, coefs, started)
+            recorder.record(step, rollouts, waited, credited, update, coefs, started, view)
     except KeyboardInterrupt:                        # keep what was computed: evaluate, save and report
         recorder.interrupted()
     finally:

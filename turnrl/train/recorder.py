@@ -1,5 +1,7 @@
-"""What a run keeps of each step: the metrics log, held-out evaluations, resumable
-checkpoints, once-per-run warnings, and at the end the final model, curves and table.
+"""What a run keeps of each step: the metrics log, held-out evaluations, the episodes token by
+token (``RUN/rollouts/``, ``turnrl.runs``) and their page (``view.html``), resumable checkpoints,
+the collapse watch's warnings (``turnrl.runs.watch``), and at the end the final model, curves and
+table.
 
 ``Recorder.begin`` starts the history (a fresh run's step-0 evaluation, or a checkpoint's
 restored state), ``record`` takes one finished step, ``finish`` writes the run's outputs.
@@ -10,14 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from turnrl.train import checkpoint
 from turnrl.train.algorithm import Algorithm
-from turnrl.algorithms.learner.learner import StepCoefs
+from turnrl.algorithms.batch import TrainBatch
+from turnrl.algorithms.learner.learner import StepCoefs, TokenView
 from turnrl.algorithms.credit.assign import Credited
 from turnrl.algorithms.distributed import shard_list
 from turnrl.train.evaluation import evaluate, heldout_tasks
@@ -25,6 +28,11 @@ from turnrl.train.report import after_value, before_after_table, plot_curves
 from turnrl.rollout.collector import RolloutCollector
 from turnrl.rollout.metrics import rollout_metrics
 from turnrl.rollout.pipeline import RolloutBatch
+from turnrl.rollout.trajectory import Trajectory
+from turnrl.runs import store
+from turnrl.runs.keep import Pieces, episode_records, whole_groups
+from turnrl.runs.view import ViewCache, build_view
+from turnrl.runs.watch import Watch
 from turnrl.train.setup import Run, config_yaml
 from turnrl.train.stages import PreRL
 
@@ -65,9 +73,12 @@ class Recorder:
         self.run, self.stages, self.algorithm, self.source = run, stages, algorithm, source
         cfg, procs = run.cfg, run.procs
         self.result = TrainResult(run_dir=run.run_dir, model=run.model, tokenizer=run.tokenizer)
-        self.warned: set[str] = set()
+        self.watch = Watch(cfg, run.run_dir if procs.main else None)  # the collapse watch's warnings
         self.eval_collector = RolloutCollector.for_run(cfg, run.env_fn, source.eval_policy, run.renderer)
         self.eval_tasks = shard_list(heldout_tasks(cfg.trainer.eval_episodes), procs.world, procs.rank)
+        self.keep = cfg.trainer.rollouts
+        self.pieces = Pieces(run.tokenizer)
+        self.view_cache = ViewCache()
         self.bar = None
 
     def begin(self) -> range:
@@ -82,8 +93,11 @@ class Recorder:
             restored = checkpoint.restore(run.resumed, algorithm=self.algorithm, source=self.source,
                                           rank=run.procs.rank, world=run.procs.world)
             self.result.train, self.result.evals = restored.train, restored.evals
-            self.warned.update(restored.warned)
+            self.watch.warned.update(restored.warned)
+            self.watch.resume(start)
             start = restored.step
+            if run.procs.main:  # the steps after the checkpoint are written again
+                store.drop_after(run.run_dir, start)
             log.info("resumed from %s after step %d of %d", run.resumed.path, start, steps)
         self.bar = tqdm(range(start + 1, steps + 1), initial=start, total=steps, desc="RL", unit="step",
                         disable=not run.cfg.trainer.progress)
@@ -91,16 +105,29 @@ class Recorder:
 
     def evaluate(self, step: int) -> None:
         """Greedy episodes on the held-out tasks (each process its share; metrics of all)."""
-        metrics = evaluate(self.eval_collector, self.eval_tasks, self.run.cfg.agent.max_new_tokens,
-                           self.run.procs.gather)
+        metrics, trajectories = evaluate(self.eval_collector, self.eval_tasks, self.run.cfg.agent.max_new_tokens,
+                                         self.run.procs.gather)
         self.result.evals.append((step, metrics))
         self.run.logger.log(step, metrics, prefix="eval")
+        if self.keep.eval and self.keep.every > 0 and self.run.procs.main:
+            rows = whole_groups(trajectories, self.keep.episodes)
+            store.write_step(self.run.run_dir, "eval", step, episode_records(
+                trajectories, kind="eval", step=step, pieces=self.pieces, rows=rows, max_tokens=self.keep.tokens))
+
+    def token_view(self, step: int, batch: TrainBatch) -> TokenView | None:
+        """An empty ``TokenView`` of ``batch`` for the update to fill when step ``step``'s
+        rollouts are kept (``trainer.rollouts.every``), else None."""
+        every = self.keep.every
+        return TokenView.empty(batch) if every > 0 and step % every == 0 else None
 
     def record(self, step: int, rollouts: RolloutBatch, waited: float, credited: Credited, update: dict,
-               coefs: StepCoefs, started: float) -> None:
+               coefs: StepCoefs, started: float, view: TokenView | None = None) -> None:
         """Log step ``step`` (its rollouts, credit, update figures and timings since
-        ``started``), then evaluate and checkpoint when due."""
+        ``started``), keep its episodes (with ``view``, the update's per-token figures), then
+        evaluate and checkpoint when due."""
         cfg, procs = self.run.cfg, self.run.procs
+        if view is not None:
+            self.keep_rollouts(step, rollouts.trajectories, credited, view)
         trajectories = rollouts.trajectories
         if procs.gather is not None:  # every process's rollouts, for the step's figures
             trajectories = procs.gather(trajectories)
@@ -115,16 +142,43 @@ class Recorder:
         self.bar.set_postfix(reward=f"{metrics['reward']:.2f}", heldout=f"{self.result.evals[-1][1]['success']:.2f}")
         if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.steps:
             self.evaluate(step)
-        self._warn_once(metrics)
+        self.watch.observe(self.result.train)
+        if self.keep.every > 0 and self.keep.view_every > 0 and step % self.keep.view_every == 0 and procs.main:
+            self.write_view()
         if checkpoint.is_due(step, cfg.trainer.checkpoint_every):  # async: in-flight rollouts finish and are saved
             self.save(step)
+
+    def keep_rollouts(self, step: int, trajectories: list[Trajectory], credited: Credited, view: TokenView) -> None:
+        """Write step ``step``'s episodes with their per-token figures (each process makes the
+        records of its own rows, its share of ``trainer.rollouts.episodes``; the main process
+        writes them all)."""
+        procs, limit = self.run.procs, self.keep.episodes
+        if limit is not None and procs.world > 1:
+            limit = -(-limit // procs.world)
+        batch = credited.batch
+        records = episode_records(trajectories, kind="train", step=step, pieces=self.pieces,
+                                  rows=whole_groups(trajectories, limit), advantages=credited.advantages.cpu(),
+                                  learner_logprobs=view.learner_logprobs, entropy=view.entropy,
+                                  importance_weights=view.importance_weights, loss_mask=batch.loss_mask.cpu(),
+                                  max_tokens=self.keep.tokens)
+        if procs.gather is not None:
+            records = procs.gather(records)
+        if procs.main:
+            for index, r in enumerate(records):
+                r.index = index
+            store.write_step(self.run.run_dir, "train", step, records)
+
+    def write_view(self) -> None:
+        """Rewrite ``RUN/view.html`` from the episodes kept so far (main process)."""
+        build_view(self.run.run_dir, cache=self.view_cache, warnings=[asdict(w) for w in self.watch.warnings],
+                   checks=self.watch.checks_line())
 
     def save(self, step: int) -> None:
         """A resumable checkpoint after update ``step`` (see ``turnrl.train.checkpoint``)."""
         run, procs = self.run, self.run.procs
         extra = {} if self.stages.reward_model is None else {"reward_model": self.stages.reward_model.state_dict()}
         path = checkpoint.save(run.run_dir, step, model=run.model, tokenizer=run.tokenizer, algorithm=self.algorithm,
-                               source=self.source, warned=self.warned, config_yaml=config_yaml(run.cfg),
+                               source=self.source, warned=self.watch.warned, config_yaml=config_yaml(run.cfg),
                                keep=run.cfg.trainer.keep_checkpoints, pending=self.source.drain(step),
                                extra_modules=extra, rank=procs.rank, world=procs.world, gather=procs.gather)
         if path is not None:
@@ -150,16 +204,17 @@ class Recorder:
                 run.model.save_pretrained(run.run_dir / "checkpoint")
                 run.tokenizer.save_pretrained(run.run_dir / "checkpoint")
             (run.run_dir / "config.yaml").write_text(config_yaml(run.cfg), encoding="utf-8")  # for turnrl eval
-            plot_curves(result.train, result.evals, run.run_dir / "curves.png")
+            plot_curves(result.train, result.evals, run.run_dir / "curves.png",
+                        [(w.step, w.key) for w in self.watch.warnings])
             table = before_after_table([e for _, e in result.evals])
             (run.run_dir / "summary.txt").write_text(table + "\n")
             (run.run_dir / "evals.json").write_text(json.dumps([{"step": s, **e} for s, e in result.evals], indent=1))
+            if self.keep.every > 0:
+                self.write_view()
             print(table, flush=True)
         run.logger.close()
         return result
 
-    def _warn_once(self, metrics: dict) -> None:
-        warn_once(metrics, self.run.cfg, self.warned)
 
 
 def nonfinite_total(history: list[dict], metrics: dict) -> float:
@@ -169,35 +224,3 @@ def nonfinite_total(history: list[dict], metrics: dict) -> float:
     ``critic_nonfinite_updates``."""
     before = history[-1].get("nonfinite_updates_total", 0.0) if history else 0.0
     return before + metrics.get("nonfinite_updates", 0.0) + metrics.get("critic_nonfinite_updates", 0.0)
-
-
-def warn_once(metrics: dict, cfg, warned: set[str]) -> None:
-    """Say so (once per run) when most turns are cut, nearly every action is empty, most tool calls
-    fail to parse, the infrastructure ends most episodes, or a quarter of the episodes run out of
-    context."""
-    policy = cfg.trainer.infra_failures
-    thresholds = {"context_limit_rate": 0.25, "empty_action_rate": 0.9}  # others: 0.5
-    checks = {
-        "context_limit_rate": f"a quarter or more of the episodes ended at agent.max_context_tokens="
-                              f"{cfg.agent.max_context_tokens} (termination context_length) before the env ended "
-                              "them; the prompt (system block, tool schemas) may take most of the context: raise "
-                              "agent.max_context_tokens, or shorten the prompt or the observations",
-        "turn_length_cut_rate": f"over half the turns hit agent.max_new_tokens={cfg.agent.max_new_tokens} "
-                                "before the end-of-turn token; raise it if replies are cut",
-        "empty_action_rate": "nearly no turn reached the env: the actions were empty. With a thinking template "
-                             "(the prompt opens <think>) the env reads only what follows the closing tag, so a turn "
-                             "that never closes its thought does nothing; raise agent.max_new_tokens so thoughts "
-                             "close, warm-start on the env's expert (agent.warmstart.steps: its targets close the "
-                             "thought), or turn thinking off (agent.template_kwargs='{enable_thinking: false}')",
-        "tool_parse_error_rate": f"over half the turns hold a malformed tool call (parser "
-                                 f"{cfg.agent.tool_parser!r}, chat format {cfg.agent.chat_format!r}); check the call "
-                                 "format the model writes",
-        "infra_failure_rate": "over half the episodes were ended by the infrastructure (env_error, tool_error, "
-                              f"step_timeout), which trainer.infra_failures={policy!r} "
-                              + ("trains on with the reward they got" if policy == "keep" else "leaves out of the "
-                                 "gradient, so few episodes train") + "; each trajectory's error says what failed",
-    }
-    for key, message in checks.items():
-        if metrics.get(key, 0.0) > thresholds.get(key, 0.5) and key not in warned:
-            warned.add(key)
-            log.warning("%s (%s=%.2f)", message, key, metrics[key])

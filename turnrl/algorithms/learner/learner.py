@@ -71,6 +71,39 @@ class _Counts:
 MIXED_PRECISION = ("no", "bf16")
 
 
+@dataclass
+class TokenView:
+    """Per-token figures of one update, as its loss first saw each token (the first pass over the
+    batch: with one minibatch and one epoch, the policy before the update), for the rollouts a
+    run keeps (``turnrl.runs``). ``Learner.update(..., view=TokenView.empty(batch))`` fills it;
+    nothing is computed for it that the update does not compute anyway.
+
+    Attributes:
+        learner_logprobs: ``[N, T]`` the learner's logprob of each sampled token (at the step's
+            temperature); 0 off the loss mask and on rows no minibatch trained (``excluded``).
+        entropy: ``[N, T]`` the entropy of the learner's next-token distribution at each sampled
+            token; 0 where ``learner_logprobs`` is.
+        importance_weights: ``[N, T]`` the truncated importance weights of ``algorithm.tis``
+            (learner over sampler), or None without TIS.
+    """
+
+    learner_logprobs: torch.Tensor
+    entropy: torch.Tensor
+    importance_weights: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, batch: TrainBatch) -> "TokenView":
+        """Zeros of ``batch``'s shape, on the CPU, to be filled by ``Learner.update``."""
+        return cls(torch.zeros(batch.loss_mask.shape), torch.zeros(batch.loss_mask.shape))
+
+    def keep(self, rows: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> None:
+        """Store a micro-batch's ``[m, T]`` figures at its ``rows`` (indices into the batch)."""
+        rows = rows.cpu()
+        self.learner_logprobs[rows] = (logprobs.detach().float() * mask).cpu()
+        if entropy is not None:
+            self.entropy[rows] = (entropy.detach().float() * mask).cpu()
+
+
 class PolicyForward(torch.nn.Module):
     """The training forward as one module (what DDP wraps): the policy's logprobs and
     entropies of the scored tokens and, with a shared value head, their values.
@@ -177,7 +210,7 @@ class Learner:
                               enabled=self.optim_cfg.mixed_precision == "bf16")
 
     def update(self, batch: TrainBatch, advantages: torch.Tensor, returns: torch.Tensor | None = None, *,
-               coefs: StepCoefs | None = None) -> dict[str, float]:
+               coefs: StepCoefs | None = None, view: TokenView | None = None) -> dict[str, float]:
         """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch.
 
         Args:
@@ -187,6 +220,7 @@ class Learner:
                 ``batch.values``).
             coefs: this step's temperature (the sampler's), entropy and KL weights; None:
                 ``StepCoefs.initial(self.loss_cfg)`` (the first step's weights, temperature 1).
+            view: filled with the per-token figures of the first pass (``TokenView``), or None.
 
         Returns:
             Of the last pass: ``pg_loss`` (mean over minibatches of the aggregated loss) and
@@ -210,6 +244,8 @@ class Learner:
         self.model.train()
         tally, counts = Tally(), _Counts()
         batch, is_weights = self._importance_prepass(batch, coefs, tally)
+        if view is not None and is_weights is not None:
+            view.importance_weights = is_weights.detach().float().cpu()
         minibatches = self._minibatches(batch)
         for epoch in range(self.loss_cfg.ppo_epochs):
             tally = tally.next_pass()  # the metrics are the last pass's
@@ -217,7 +253,7 @@ class Learner:
                 part = Tally()  # this minibatch's figures, merged into the pass's if finite
                 measure = epoch == 0 and m == 0 and is_weights is None  # the mismatch, on the first forward
                 finite, grad_norm = self._minibatch_gradient(batch, rows, advantages, returns, is_weights, coefs,
-                                                             part, measure)
+                                                             part, measure, view if epoch == 0 else None)
                 if finite is None:  # an empty minibatch on the only process: no step
                     counts.skipped += 1
                     continue
@@ -254,7 +290,7 @@ class Learner:
 
     def _minibatch_gradient(self, batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor,
                             returns: torch.Tensor | None, is_weights: torch.Tensor | None, coefs: StepCoefs,
-                            part: Tally, measure: bool) -> tuple[bool | None, float]:
+                            part: Tally, measure: bool, view: TokenView | None = None) -> tuple[bool | None, float]:
         """Forward and backward over one minibatch's micro-batches, its figures into ``part``.
 
         Returns ``(finite, grad_norm)``: the norm of the global gradient (clipped after), and
@@ -288,7 +324,8 @@ class Learner:
             mb = batch.rows(micro) if stand_in is None else stand_in
             with contextlib.nullcontext() if sync else self.accelerator.no_sync(self._forward):
                 finite &= self._backward(mb, advantages[micro], weights[micro], coefs, part, isw, measure, value_args,
-                                         record=len(rows) > 0)
+                                         record=len(rows) > 0, view=None if stand_in is not None else view,
+                                         view_rows=micro)
         grad_norm = float(self._clip_grad_norm())
         finite &= math.isfinite(grad_norm)
         if world > 1:  # a NaN loss on one process alone: every process must skip the step
@@ -394,11 +431,12 @@ class Learner:
 
     def _backward(self, mb: TrainBatch, adv: torch.Tensor, weights: torch.Tensor, coefs: StepCoefs, part: Tally,
                   is_weights: torch.Tensor | None, measure: bool,
-                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True) -> bool:
+                  value_args: tuple[torch.Tensor, torch.Tensor] | None = None, record: bool = True,
+                  view: TokenView | None = None, view_rows: torch.Tensor | None = None) -> bool:
         """Forward and backward of one micro-batch, its figures (and with ``measure`` the
-        sampler/learner mismatch) added to ``part``; ``record=False`` (a zero-weight stand-in
-        row that only joins the gradient all-reduce) leaves them alone. Returns whether the loss
-        was finite."""
+        sampler/learner mismatch) added to ``part`` and its per-token figures to ``view`` (at
+        ``view_rows``); ``record=False`` (a zero-weight stand-in row that only joins the gradient
+        all-reduce) leaves them alone. Returns whether the loss was finite."""
         cfg = self.loss_cfg
         mask = mb.loss_mask
         with self._autocast(mask.device):
@@ -407,6 +445,8 @@ class Learner:
                                                       entropy_grad=bool(coefs.entropy_coef))
         if measure and record:
             part.add_mismatch(logprobs.detach(), mb.old_logprobs, mask)
+        if view is not None and record:
+            view.keep(view_rows, mask, logprobs, entropy)
         pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights,
                                           **self.policy_loss_kwargs)
         ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))

@@ -1,0 +1,115 @@
+"""The collapse watch: each check against metric histories made to cross (and not cross) its
+threshold, each kind warned once with the setting to try, the warnings kept in warnings.json and
+taken back on resume; and real runs made to collapse (a learning rate far too high) warn, and
+show it on the first page of view.html, while the same run at the default rate does not."""
+
+import json
+import re
+
+import pytest
+from omegaconf import OmegaConf
+
+from turnrl.conf.schema import Config
+from turnrl.runs.watch import CHECKS, Watch, load_warnings
+
+CFG = OmegaConf.to_object(OmegaConf.structured(Config))
+WATCH = CFG.trainer.watch  # window 10
+
+
+def steps(n, **series):
+    """``n`` metric rows; each keyword is a function of the step (1-based) or a constant."""
+    return [{"step": s, **{k: (v(s) if callable(v) else v) for k, v in series.items()}} for s in range(1, n + 1)]
+
+
+def test_rates_warn_once_naming_the_setting(caplog, tmp_path):
+    watch = Watch(CFG, tmp_path)
+    with caplog.at_level("WARNING", logger="turnrl.runs.watch"):
+        history = []
+        for s in range(3):
+            history += steps(1, turn_length_cut_rate=0.9, tool_parse_error_rate=0.1)
+            watch.observe(history)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "agent.max_new_tokens=24" in messages[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="turnrl.runs.watch"):
+        assert watch.observe(steps(1, context_limit_rate=0.2)) == []  # below a quarter: quiet
+        for _ in range(2):
+            watch.observe(steps(1, context_limit_rate=0.5))
+        watch.observe(steps(1, empty_action_rate=0.5))  # some empty turns: quiet
+        watch.observe(steps(1, empty_action_rate=1.0))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "agent.max_context_tokens=1024" in messages[0], messages
+    assert "<think>" in messages[1] and "enable_thinking" in messages[1]
+    assert [w.key for w in load_warnings(tmp_path)] == ["turn_length_cut_rate", "context_limit_rate",
+                                                          "empty_action_rate"]
+
+
+@pytest.mark.parametrize("key, history, quiet", [
+    # reward up, n-gram diversity down 40%: warns; reward flat: quiet
+    ("diversity", steps(20, reward=lambda s: 0.2 if s <= 10 else 0.6, unique_ngram_rate=lambda s: 0.8 if s <= 10 else 0.48),
+     steps(20, reward=0.4, unique_ngram_rate=lambda s: 0.8 if s <= 10 else 0.4)),
+    ("diversity", steps(20, reward=lambda s: 0.2 if s <= 10 else 0.6, distinct_answers=lambda s: 1.0 if s <= 10 else 0.5),
+     steps(19, reward=lambda s: 0.2 if s <= 10 else 0.6, distinct_answers=lambda s: 1.0 if s <= 10 else 0.5)),
+    ("entropy_collapse", steps(20, entropy=lambda s: 0.5 if s <= 10 else 0.04),
+     steps(20, entropy=lambda s: 0.5 if s <= 10 else 0.06)),
+    ("entropy_rise", steps(20, entropy=lambda s: 0.5 if s <= 10 else 1.6),
+     steps(20, entropy=lambda s: 0.5 if s <= 10 else 1.4)),
+    ("zero_signal_groups", steps(10, zero_signal_groups=0.9, reward=0.0), steps(10, zero_signal_groups=0.7)),
+    ("mismatch_kl", steps(1, mismatch_kl=0.05), steps(1, mismatch_kl=1e-6)),
+    ("kl", steps(1, kl=0.5), steps(1, kl=0.05)),
+])
+def test_each_trend_check_fires_past_its_threshold_only(key, history, quiet):
+    finding = CHECKS[key](history, WATCH, CFG)
+    assert finding is not None and finding.title
+    assert re.search(r"\b(agent|algorithm|trainer|env)\.\w+", finding.detail)  # names a setting to try
+    assert CHECKS[key](quiet, WATCH, CFG) is None
+
+
+def test_zero_signal_says_too_hard_or_too_easy():
+    hard = CHECKS["zero_signal_groups"](steps(10, zero_signal_groups=1.0, reward=0.0), WATCH, CFG)
+    easy = CHECKS["zero_signal_groups"](steps(10, zero_signal_groups=1.0, reward=1.0), WATCH, CFG)
+    assert "too hard" in hard.detail and "too easy" in easy.detail and "trainer.group_size" in easy.detail
+
+
+def test_a_resumed_watch_keeps_the_warnings_up_to_its_step(tmp_path):
+    watch = Watch(CFG, tmp_path)
+    watch.observe(steps(2, kl=0.5))  # at step 2
+    history = steps(5, kl=0.0)
+    history[-1]["mismatch_kl"] = 0.5
+    watch.observe(history)  # at step 5
+    assert [(w.step, w.key) for w in load_warnings(tmp_path)] == [(2, "kl"), (5, "mismatch_kl")]
+    resumed = Watch(CFG, tmp_path)
+    resumed.resume(3)
+    assert [w.key for w in resumed.warnings] == ["kl"] and resumed.warned == {"kl"}
+
+
+def _collapse_run(tmp_path, lr, seed):
+    from turnrl.train.loop import train
+
+    cfg = OmegaConf.structured(Config)
+    cfg.seed = seed
+    cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}
+    cfg.agent.max_new_tokens = 8
+    cfg.agent.warmstart.update(dict(steps=200, batch_size=16))
+    cfg.agent.tokenizer.corpus_episodes = 30
+    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
+    cfg.trainer.update(dict(steps=12, tasks_per_step=3, group_size=4, eval_episodes=6, eval_every=12, threads=1,
+                            env_workers=1, progress=False, tensorboard=False, lr=lr))
+    cfg.trainer.watch.window = 3
+    out = tmp_path / f"lr{lr}_seed{seed}"
+    train(OmegaConf.to_object(cfg), out)
+    return out, {w.key for w in load_warnings(out)}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_runs_made_to_collapse_warn_and_the_page_says_so(tmp_path):
+    for seed in (0, 1):  # a learning rate 60x the default: replies stop ending, entropy explodes
+        out, keys = _collapse_run(tmp_path, 0.02, seed)
+        assert {"entropy_rise", "turn_length_cut_rate"} <= keys, (seed, keys)
+    page = (out / "view.html").read_text()
+    index = json.loads(page.split('<script id="turnrl-index" type="application/json">')[1].split("</script>")[0])
+    assert {w["key"] for w in index["warnings"]} == keys
+    assert all("trainer.lr" in w["detail"] for w in index["warnings"] if w["key"] == "entropy_rise")
+    _, healthy = _collapse_run(tmp_path, 3e-4, 0)  # the default rate: the task gets easy, nothing breaks
+    assert not healthy & {"entropy_rise", "entropy_collapse", "turn_length_cut_rate", "diversity"}, healthy
