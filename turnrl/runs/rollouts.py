@@ -14,7 +14,7 @@ misread.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 FORMAT = 1
 """The version of the record format this code writes and reads."""
@@ -124,8 +124,10 @@ class EpisodeRecord:
     format: int = field(default=FORMAT)
 
     def to_json(self) -> dict:
-        """The record as a JSON-ready dict."""
-        return asdict(self)
+        """The record as a JSON-ready dict (sharing this record's lists: no copy is made)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["tokens"] = None if self.tokens is None else {f.name: getattr(self.tokens, f.name) for f in fields(Tokens)}
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "EpisodeRecord":
