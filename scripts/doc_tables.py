@@ -218,6 +218,29 @@ def async_rollouts(r: Record) -> str:
             f"one's time ({_x(r.result['speedup'])} the steps per second).")
 
 
+def keep_rollouts(r: Record) -> str:
+    """Seconds per step with every step's rollouts kept against none."""
+    s, sides = r.result["setup"], r.result["sides"]
+    names = {"keep": "kept (`trainer.rollouts.every=1`)", "none": "none (`trainer.rollouts.every=0`)"}
+    rows = [[names[k], f"{v['step_time']:.3f}", ", ".join(f"{m:.3f}" for m in v["run_medians"]),
+             f"{v['bytes_per_step'] / 1024:.0f}" if v["bytes_per_step"] else "-"] for k, v in sides.items()]
+    return (markdown(["episodes kept", "s / step", "each run's median", "KiB written a step"], rows)
+            + f"\n\n`make train`'s defaults, {s['steps']} steps, {s['repeats']} runs a side alternating, "
+            f"`trainer.threads=1`; medians of `step_time` over steps 2-{s['steps']}: keeping costs "
+            f"{(r.result['ratio'] - 1) * 100:+.1f}% of a step (ratio {r.result['ratio']:.3f}).")
+
+
+def view_load(r: Record) -> str:
+    """How fast a long run's page opens in Chromium."""
+    s, res = r.result["setup"], r.result
+    rows = [[f"{s['steps']} x {s['episodes']}", f"{res['page_mib']:.1f}", f"{res['build_s']:.1f}",
+             f"{res['first_step_s']:.2f}", f"{res['other_step_s']:.2f}"]]
+    return (markdown(["steps x episodes", "page, MiB", "built in, s", "opens (first step drawn), s",
+                      "another step, s"], rows)
+            + f"\n\nReal episodes of one `make train` step, written again as each step; medians of {s['repeats']} "
+            "loads in Chromium (Debian's, headless).")
+
+
 def eval_demo(r: Record) -> str:
     """``turnrl eval``'s table for the demo run (its heading line left out)."""
     report = EvalReport.from_dict(r.result["report"])
@@ -310,6 +333,8 @@ TABLES: dict[str, Table] = {
     "turns_qwen_layers": _one("bench_turns_qwen_layers.json", turns),
     "async": _one("bench_async.json", async_rollouts),
     "eval_demo": _one("eval_demo.json", eval_demo),
+    "keep_rollouts": _one("bench_keep_rollouts.json", keep_rollouts),
+    "view_load": _one("bench_view.json", view_load),
     "baselines": _one("baselines.json", baselines),
     "perf_targets": Table(("bench_trl.json", "bench_turns.json", "bench_learner_loop.json", "bench_mfu_cpu.json",
                            "bench_sandbox.json", "bench_learner_scaling.json", "bench_vllm_rollout.json",

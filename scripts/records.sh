@@ -27,13 +27,14 @@ declare -A RECORDS=(
   [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
   [async]="scripts/bench_async.py --json $OUT/bench_async.json"
   [keep_rollouts]="scripts/bench_keep_rollouts.py --json $OUT/bench_keep_rollouts.json"
+  [view]="scripts/bench_view.py --json $OUT/bench_view.json"
   [baselines]="-m turnrl baselines --json $OUT/baselines.json"
   [eval_demo]="scripts/eval_demo.py --json $OUT/eval_demo.json"
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
   [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 5 6 7 8 9 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
-ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale async keep_rollouts eval_demo baselines credit_lab turns turns_qwen_layers
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
        readme_demo)
 
 if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then
