@@ -1,7 +1,8 @@
 """Helpers several test files share: the generation contract every policy backend keeps, real
 servers run as subprocesses (a free port, start until it answers, stop its process group),
-``missing_tool``, the one way a test says a tool of the machine is absent, and chat templates
-that rewrite history (``STRIPPING``, ``WINDOWED``, ``with_template``)."""
+``missing_tool``, the one way a test says a tool of the machine is absent, chat templates
+that rewrite history (``STRIPPING``, ``WINDOWED``, ``with_template``), and the config of a short
+real run (``small_guess_config``)."""
 
 from __future__ import annotations
 
@@ -213,3 +214,24 @@ def read_reply(sock: socket.socket, head_only: bool = False) -> tuple[int | None
             break
         buf += chunk
     return status, headers, buf[:length]
+
+
+def small_guess_config(warmstart_steps: int = 30, warmstart_batch: int = 8, **trainer):
+    """The structured config of a short real run: the tiny model (hidden 64) warm-started on a
+    guessing game of 4-6 numbers (small enough to win sometimes), 3 tasks x 4 samples a step, 4
+    steps, 6 held-out episodes every 2 steps, one thread; ``trainer`` overrides trainer fields
+    (set nested ones, ``cfg.trainer.rollouts.*``, on the result)."""
+    from omegaconf import OmegaConf
+
+    from turnrl.conf.schema import Config
+
+    cfg = OmegaConf.structured(Config)
+    cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}
+    cfg.agent.max_new_tokens = 8
+    cfg.agent.warmstart.update(dict(steps=warmstart_steps, batch_size=warmstart_batch))
+    cfg.agent.tokenizer.corpus_episodes = 30
+    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
+    cfg.trainer.update(dict(steps=4, tasks_per_step=3, group_size=4, eval_episodes=6, eval_every=2, threads=1,
+                            env_workers=1, progress=False, tensorboard=False))
+    cfg.trainer.update(trainer)
+    return cfg

@@ -11,9 +11,8 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import missing_tool
+from tests.helpers import missing_tool, small_guess_config
 from turnrl.cli import main as cli
-from turnrl.conf.schema import Config
 from turnrl.runs import load_rollouts, rollout_steps
 from turnrl.runs.store import write_step
 from turnrl.train.loop import train
@@ -43,14 +42,7 @@ def browser():
 def run_dir(tmp_path_factory):
     """A real run: 4 steps of 3 tasks x 4 samples on a guessing game small enough to win sometimes,
     evaluations at steps 0, 2 and 4, the page rewritten every 2 steps."""
-    cfg = OmegaConf.structured(Config)
-    cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}
-    cfg.agent.max_new_tokens = 8
-    cfg.agent.warmstart.update(dict(steps=30, batch_size=8))
-    cfg.agent.tokenizer.corpus_episodes = 30
-    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
-    cfg.trainer.update(dict(steps=4, tasks_per_step=3, group_size=4, eval_episodes=6, eval_every=2, threads=1,
-                            env_workers=1, progress=False, tensorboard=False))
+    cfg = small_guess_config()
     cfg.trainer.rollouts.view_every = 2
     out = tmp_path_factory.mktemp("run")
     train(OmegaConf.to_object(cfg), out)

@@ -9,6 +9,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
+from tests.helpers import small_guess_config
 from turnrl.conf.schema import Config
 from turnrl.runs.watch import CHECKS, Watch, load_warnings
 
@@ -86,15 +87,8 @@ def test_a_resumed_watch_keeps_the_warnings_up_to_its_step(tmp_path):
 def _collapse_run(tmp_path, lr, seed):
     from turnrl.train.loop import train
 
-    cfg = OmegaConf.structured(Config)
+    cfg = small_guess_config(warmstart_steps=200, warmstart_batch=16, steps=12, eval_every=12, lr=lr)
     cfg.seed = seed
-    cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}
-    cfg.agent.max_new_tokens = 8
-    cfg.agent.warmstart.update(dict(steps=200, batch_size=16))
-    cfg.agent.tokenizer.corpus_episodes = 30
-    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
-    cfg.trainer.update(dict(steps=12, tasks_per_step=3, group_size=4, eval_episodes=6, eval_every=12, threads=1,
-                            env_workers=1, progress=False, tensorboard=False, lr=lr))
     cfg.trainer.watch.window = 3
     out = tmp_path / f"lr{lr}_seed{seed}"
     train(OmegaConf.to_object(cfg), out)

@@ -9,7 +9,8 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from turnrl.conf.schema import Config
+from tests.helpers import small_guess_config
+
 from turnrl.conf.validate import validate
 from turnrl.runs import load_rollouts, rollout_steps
 from turnrl.runs.store import step_path
@@ -19,16 +20,8 @@ from turnrl.train.loop import train
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-def _config(rollouts: dict | None = None, **trainer) -> Config:
-    cfg = OmegaConf.structured(Config)
-    cfg.env.id, cfg.env.kwargs = "turnrl/GuessNumber-v0", {"n": 6, "n_min": 4}
-    cfg.agent.max_new_tokens = 8
-    cfg.agent.warmstart.update(dict(steps=30, batch_size=8))
-    cfg.agent.tokenizer.corpus_episodes = 30
-    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
-    cfg.trainer.update(dict(steps=4, tasks_per_step=3, group_size=4, eval_episodes=6, eval_every=2, threads=1,
-                            env_workers=1, progress=False, tensorboard=False))
-    cfg.trainer.update(trainer)
+def _config(rollouts: dict | None = None, **trainer):
+    cfg = small_guess_config(**trainer)
     cfg.trainer.rollouts.update(rollouts or {})
     return cfg
 
