@@ -341,6 +341,71 @@ class RewardModelStageConfig(RewardModelConfig):
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (``logger=wandb``; ``pip install 'turnrl[trackers]'``)."""
+
+    project: str = "turnrl"
+    # team or user; null = W&B's default entity
+    entity: Optional[str] = None
+    # online | offline (writes RUN/wandb/ only; `wandb sync` uploads it later) | disabled
+    mode: str = "online"
+    # the W&B run's name; null = the run dir's name
+    name: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MlflowConfig:
+    """MLflow (``logger=mlflow``; ``pip install 'turnrl[trackers]'``)."""
+
+    # null = MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working
+    # directory); e.g. http://host:5000, sqlite:////abs/path/mlflow.db
+    tracking_uri: Optional[str] = None
+    experiment: str = "turnrl"
+    # where a new experiment keeps its artifacts; null = MLflow's default (./mlruns)
+    artifact_location: Optional[str] = None
+    # the MLflow run's name; null = the run dir's name
+    run_name: Optional[str] = None
+
+
+@dataclass
+class TrackioConfig:
+    """Trackio (``logger=trackio``; ``pip install 'turnrl[trackers]'``); its local database is
+    under ``TRACKIO_DIR`` (Trackio's default: ``~/.cache/huggingface/trackio``)."""
+
+    project: str = "turnrl"
+    # the Trackio run's name; null = the run dir's name
+    name: Optional[str] = None
+    group: Optional[str] = None
+
+
+TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+"""Each tracker of ``LoggerConfig`` -> the package it needs (the ``trackers`` extra)."""
+
+TRACKERS_EXTRA = "pip install 'turnrl[trackers]'"
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class LoggerConfig:
+    """The experiment trackers a run reports to, besides ``metrics.jsonl`` (always) and
+    TensorBoard (``trainer.tensorboard``): pick any of them with ``logger=wandb`` or
+    ``logger=[wandb,mlflow,trackio]`` (null = not used). Each gets the config, every metric,
+    sample episodes as a table (of the steps whose episodes are kept, ``trainer.rollouts``) and
+    the run page (``view.html``) at the end."""
+
+    wandb: Optional[WandbConfig] = None
+    mlflow: Optional[MlflowConfig] = None
+    trackio: Optional[TrackioConfig] = None
+    # episodes per table (whole groups first, in batch order); 0 sends no tables
+    episodes: int = 8
+    # a table of a kept step's episodes every this many steps (and of every evaluation)
+    episodes_every: int = 10
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -350,6 +415,8 @@ class Config:
     dpo: DPOStageConfig = field(default_factory=DPOStageConfig)
     # optional learned reward model (the RLHF path)
     reward_model: RewardModelStageConfig = field(default_factory=RewardModelStageConfig)
+    # experiment trackers (W&B, MLflow, Trackio), besides metrics.jsonl and TensorBoard
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     # seeds model init, warm start, task sampling and rollout sampling
     seed: int = 0
 

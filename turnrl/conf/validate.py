@@ -13,6 +13,7 @@ as soon as it exists.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Mapping, Sequence
 
@@ -23,7 +24,7 @@ from turnrl.algorithms.learner.learner import MIXED_PRECISION
 from turnrl.algorithms.losses.importance import LEVELS
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.chat.formats import FORMATS
-from turnrl.conf.schema import BACKENDS, Config
+from turnrl.conf.schema import BACKENDS, TRACKER_PACKAGES, TRACKERS_EXTRA, WANDB_MODES, Config, LoggerConfig
 from turnrl.models.causal_lm import DTYPES
 from turnrl.policies.routing import STRATEGIES
 from turnrl.policies.vllm_engine import ENGINE_DTYPES
@@ -146,6 +147,7 @@ def problems(cfg: Config) -> list[str]:
     if not staleness_ok:
         out.append(f"trainer.max_staleness must be an int >= 0 (0 = the synchronous algorithm), got {staleness!r}; "
                    "set e.g. trainer.max_staleness=1")
+    out += logger_problems(cfg.logger)
 
     # ------------------------------------------------------------ switches that exclude or need others
     if trainer.async_rollouts and staleness_ok and staleness > 0 and algo.tis == "none":
@@ -165,6 +167,21 @@ def problems(cfg: Config) -> list[str]:
         out.append(f"trainer.accelerate=true trains the policy data-parallel, but algorithm.advantage="
                    f"{algo.advantage!r} with algorithm.critic='separate' trains a critic model on one process; "
                    "set algorithm.critic=shared (a value head trained data-parallel with the policy)")
+    return out
+
+
+def logger_problems(logger: LoggerConfig) -> list[str]:
+    """A chosen tracker without its library, an unknown W&B mode, table sizes out of range."""
+    out = [f"logger.{name} is chosen but the {package} package is not installed; {TRACKERS_EXTRA} (or pip install "
+           f"{package}), or leave {name} out of logger=[...]"
+           for name, package in TRACKER_PACKAGES.items()
+           if getattr(logger, name) is not None and importlib.util.find_spec(package) is None]
+    if logger.wandb is not None and logger.wandb.mode not in WANDB_MODES:
+        out.append(_not_one_of("logger.wandb.mode", logger.wandb.mode, WANDB_MODES))
+    if logger.episodes < 0 or logger.episodes_every < 1:
+        out.append(f"logger.episodes must be >= 0 (0 = no episode tables) and logger.episodes_every >= 1, got "
+                   f"episodes={logger.episodes!r}, episodes_every={logger.episodes_every!r}; set e.g. "
+                   "logger.episodes=8 logger.episodes_every=10")
     return out
 
 

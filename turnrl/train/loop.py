@@ -68,6 +68,9 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             recorder.record(step, rollouts, waited, credited, update, coefs, started, view)
     except KeyboardInterrupt:                        # keep what was computed: evaluate, save and report
         recorder.interrupted()
+    except BaseException:
+        run.logger.close()                          # the trackers end their runs; the log is complete so far
+        raise
     finally:
         source.close()
     return recorder.finish()

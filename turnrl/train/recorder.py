@@ -1,7 +1,7 @@
 """What a run keeps of each step: the metrics log, held-out evaluations, the episodes token by
 token (``RUN/rollouts/``, ``turnrl.runs``) and their page (``view.html``), resumable checkpoints,
 the collapse watch's warnings (``turnrl.runs.watch``), and at the end the final model, curves and
-table.
+table; the experiment trackers (``logger``) get the metrics, sample episodes and the page.
 
 ``Recorder.begin`` starts the history (a fresh run's step-0 evaluation, or a checkpoint's
 restored state), ``record`` takes one finished step, ``finish`` writes the run's outputs.
@@ -79,6 +79,8 @@ class Recorder:
         self.keep = cfg.trainer.rollouts
         self.pieces = Pieces(run.tokenizer)
         self.view_cache = ViewCache()
+        # sample episodes go to the experiment trackers as tables (logger.episodes)
+        self.tables = bool(run.logger.trackers) and cfg.logger.episodes > 0
         self.bar = None
 
     def begin(self) -> range:
@@ -109,10 +111,14 @@ class Recorder:
                                          self.run.procs.gather)
         self.result.evals.append((step, metrics))
         self.run.logger.log(step, metrics, prefix="eval")
-        if self.keep.eval and self.keep.every > 0 and self.run.procs.main:
+        kept = self.keep.eval and self.keep.every > 0
+        if self.run.procs.main and (kept or self.tables):
             rows = whole_groups(trajectories, self.keep.episodes)
-            store.write_step(self.run.run_dir, "eval", step, episode_records(
-                trajectories, kind="eval", step=step, pieces=self.pieces, rows=rows, max_tokens=self.keep.tokens))
+            records = episode_records(trajectories, kind="eval", step=step, pieces=self.pieces, rows=rows,
+                                      max_tokens=self.keep.tokens)
+            if kept:
+                store.write_step(self.run.run_dir, "eval", step, records)
+            self.run.logger.episodes("eval", step, records[:self.run.cfg.logger.episodes])
 
     def token_view(self, step: int, batch: TrainBatch) -> TokenView | None:
         """An empty ``TokenView`` of ``batch`` for the update to fill when step ``step``'s
@@ -167,6 +173,8 @@ class Recorder:
             for index, r in enumerate(records):
                 r.index = index
             store.write_step(self.run.run_dir, "train", step, records)
+            if self.tables and step % self.run.cfg.logger.episodes_every == 0:
+                self.run.logger.episodes("train", step, records[:self.run.cfg.logger.episodes])
 
     def write_view(self) -> None:
         """Rewrite ``RUN/view.html`` from the episodes kept so far (main process)."""
@@ -211,6 +219,8 @@ class Recorder:
             (run.run_dir / "evals.json").write_text(json.dumps([{"step": s, **e} for s, e in result.evals], indent=1))
             if self.keep.every > 0:
                 self.write_view()
+                run.logger.file(run.run_dir / "view.html")
+            run.logger.file(run.run_dir / "curves.png")
             print(table, flush=True)
         run.logger.close()
         return result

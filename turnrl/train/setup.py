@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from turnrl.algorithms import distributed
@@ -23,6 +24,7 @@ from turnrl.train.checkpoint import (Checkpoint, checkpoint_steps, read_checkpoi
                                set_aside_log)
 from turnrl.conf.schema import Config
 from turnrl.train.logger import RunLogger
+from turnrl.train.trackers import chosen, open_trackers
 from turnrl.train.warm_start import cached
 
 log = logging.getLogger(__name__)
@@ -129,9 +131,14 @@ def start_run(cfg: Config, run_dir: str | Path) -> Run:
     if resumed is None and cfg.trainer.resume and procs.main:  # nothing to resume yet: a fresh log
         set_aside_log(run_dir)
     model.to(procs.device)
+    trackers = []
+    if procs.main and chosen(cfg.logger):
+        text = config_yaml(cfg)
+        trackers = open_trackers(cfg.logger, run_dir, yaml.safe_load(text), text)
     logger = RunLogger(run_dir if procs.main else run_dir / f"rank{procs.rank}",
-                       tensorboard=cfg.trainer.tensorboard and procs.main)
-    if resumed is not None and cfg.trainer.tensorboard:  # the restored log, into fresh TensorBoard events
+                       tensorboard=cfg.trainer.tensorboard and procs.main, trackers=trackers)
+    if resumed is not None and (cfg.trainer.tensorboard or trackers):  # the restored log, into fresh TensorBoard
+        # events and tracker runs
         for row in resumed.log_rows():
             step, kind = row.pop("step"), row.pop("kind")
             logger.log(step, row, prefix=kind, jsonl=False)
