@@ -207,6 +207,96 @@ class TurnrlSide:
         return end - start
 
 
+def trainer_config(bench: str, args, model_dir: Path, steps: int):
+    """The trainer's config of ``bench``: the saved model, the env, the benchmark's settings, the
+    trainer's defaults otherwise (a ``Config``)."""
+    from omegaconf import OmegaConf
+
+    from turnrl.conf.schema import Config
+
+    cfg = OmegaConf.structured(Config)
+    cfg.env.id = None
+    if bench == "single":
+        cfg.env._target_, cfg.env.kwargs = "scripts.bench_trl.SumEnv", {}
+    else:
+        cfg.env._target_, cfg.env.kwargs = "turnrl.envs.CalcMathEnv", {"num_ops": 2, "max_turns": MAX_CALLS + 1}
+    cfg.agent.update(dict(path=str(model_dir), max_new_tokens=args.max_new_tokens if bench == "single"
+                          else args.tool_tokens, temperature=args.temperature, max_context_tokens=2048))
+    cfg.agent.warmstart.steps = 0
+    cfg.algorithm.update(dict(advantage="grpo", loss_agg="token-mean", clip_low=0.2, clip_high=0.2, kl_coef=0.0))
+    cfg.algorithm.advantage_kwargs = {"normalize_std": True}
+    cfg.trainer.update(dict(steps=steps, tasks_per_step=1, group_size=args.group_size, lr=args.lr, weight_decay=0.0,
+                            max_grad_norm=1.0, micro_batch_size=64, threads=args.threads, env_workers=1,
+                            eval_every=10**9, eval_episodes=2, progress=False, save_checkpoint=False))
+    return OmegaConf.to_object(cfg)
+
+
+class TrainerSide:
+    """turnrl's step as a user gets it: ``turnrl.train.loop.train`` (what ``python -m
+    turnrl.train`` runs), on the same model (``agent.path``: the benchmark's model, saved), env and
+    settings, with the trainer's defaults otherwise: every step's episodes kept
+    (``trainer.rollouts``), TensorBoard, the collapse watch, the run page every 10 steps. The run
+    goes in a thread of its own, one step per ``step`` call (the two sides never run at once); a
+    step is timed from its start to the end of its recording (metrics, episodes kept, page).
+
+    Held-out evaluation is left out of the timed steps (``trainer.eval_every`` past the run; the
+    step-0 evaluation falls in a warm-up step, the final one after the last timed step), as TRL
+    runs none."""
+
+    def __init__(self, bench: str, model, tokenizer, args, workdir: Path, steps: int):
+        import threading
+
+        from turnrl.train.loop import train
+
+        model.save_pretrained(workdir / "model")
+        tokenizer.save_pretrained(workdir / "model")
+        self.cfg = trainer_config(bench, args, workdir / "model", steps + 1)
+        self.go, self.done = threading.Semaphore(0), threading.Semaphore(0)
+        self.started, self.error, self.run_dir = 0.0, None, workdir / "run"
+        self.rollout: list[float] = []
+
+        def on_rl_start(model):
+            self.go.acquire()
+            self.started = time.perf_counter()
+
+        def on_step_end(step):
+            self.ended = time.perf_counter()
+            if step == steps + 1:  # the last, untimed step: the run ends
+                return
+            self.done.release()
+            self.go.acquire()
+            self.started = time.perf_counter()
+
+        def run():
+            try:
+                train(self.cfg, self.run_dir, on_rl_start=on_rl_start, on_step_end=on_step_end)
+            except BaseException as e:  # reported by the step that waits for it
+                self.error = e
+            finally:
+                self.done.release()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def step(self, seed: int) -> float:
+        self.go.release()
+        self.done.acquire()
+        if self.error is not None:
+            raise RuntimeError(f"the turnrl trainer failed: {self.error!r}") from self.error
+        return self.ended - self.started
+
+    def finish(self) -> dict:
+        """Run the last (untimed) step and the run's end; return its per-step figures."""
+        self.go.release()
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the turnrl trainer failed: {self.error!r}") from self.error
+        import json
+
+        rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r for r in rows if r["kind"] == "train"}
+
+
 def trl_budget(args) -> int:
     """TRL's ``max_completion_length`` for tool episodes: room for every turn's ``--tool-tokens``
     and 32 tokens of each tool result, so that only the per-turn bound binds, as in turnrl."""
@@ -251,7 +341,10 @@ def run_bench(bench: str, base_model, tokenizer, args) -> dict:
     from transformers import TrainerCallback
 
     turnrl_side = TurnrlSide(bench, copy.deepcopy(base_model), tokenizer, args)
-    times = {"turnrl": [], "trl": []}
+    scratch = tempfile.TemporaryDirectory()
+    trainer_side = TrainerSide(bench, copy.deepcopy(base_model), tokenizer, args, Path(scratch.name),
+                               args.warmup + args.steps)
+    times = {"turnrl": [], "trainer": [], "trl": []}
 
     class Alternate(TrainerCallback):
         """After each TRL step, one turnrl step; TRL's step is the time between two of these."""
@@ -265,6 +358,7 @@ def run_bench(bench: str, base_model, tokenizer, args) -> dict:
             now = time.perf_counter()
             times["trl"].append(now - Alternate.last)
             times["turnrl"].append(turnrl_side.step(state.global_step - 1))
+            times["trainer"].append(trainer_side.step(state.global_step - 1))
             Alternate.last = time.perf_counter()
 
     trl_model = copy.deepcopy(base_model)
@@ -286,12 +380,18 @@ def run_bench(bench: str, base_model, tokenizer, args) -> dict:
 
         trainer._generate = counted
         trainer.train()
+    trainer_rows = trainer_side.finish()
+    scratch.cleanup()
     keep = slice(args.warmup, None)
     seconds = {side: statistics.median(t[keep]) for side, t in times.items()}
     side = turnrl_side
+    timed = range(args.warmup + 1, args.warmup + args.steps + 1)
     return {
         "bench": bench, "seconds": seconds, "ratio": seconds["turnrl"] / seconds["trl"],
+        "ratio_trainer": seconds["trainer"] / seconds["trl"],
         "turnrl_rollout": statistics.median(side.rollout[keep]),
+        "trainer_step_time": statistics.median(trainer_rows[s]["step_time"] for s in timed),
+        "trainer_rollout": statistics.median(trainer_rows[s]["rollout_time"] for s in timed),
         "range": {name: [min(t[keep]), max(t[keep])] for name, t in times.items()},
         "per_episode": {"turnrl": {"sampled_tokens": side.sampled / side.episodes,
                                    "tool_calls": side.calls / side.episodes},

@@ -46,6 +46,7 @@ class ViewCache:
     """Each step file's part of the page, kept between rewrites (a file that changed is read again)."""
 
     parts: dict[tuple[str, int], _StepPart] = field(default_factory=dict)
+    title: str | None = None  # the page's title, once read from the run's config
 
     def part(self, run_dir: Path, kind: str, step: int) -> _StepPart:
         path = step_path(run_dir, kind, step)
@@ -66,8 +67,8 @@ def _script_json(value) -> str:
         "&", "\\u0026")
 
 
-def _run_title(run_dir: Path) -> str:
-    """"turnrl run DIR: env, algorithm", from the run's config when it has one."""
+def _run_title(run_dir: Path) -> str | None:
+    """"turnrl run DIR: env, algorithm", from the run's config (None: it has none yet)."""
     for name in ("config.yaml", ".hydra/config.yaml"):
         path = run_dir / name
         if path.is_file():
@@ -75,7 +76,7 @@ def _run_title(run_dir: Path) -> str:
             env = (cfg.get("env") or {}).get("id", "?")
             algorithm = (cfg.get("algorithm") or {}).get("advantage", "?")
             return f"turnrl run {run_dir.name}: {env}, {algorithm}"
-    return f"turnrl run {run_dir.name}"
+    return None
 
 
 def build_view(run_dir: str | Path, out: str | Path | None = None, *, warnings: list[dict] | None = None,
@@ -101,7 +102,9 @@ def build_view(run_dir: str | Path, out: str | Path | None = None, *, warnings: 
         checks = checks or ("No warnings in warnings.json." if (run_dir / WARNINGS_FILE).exists() else
                             "This run wrote no warnings.json: no collapse watch ran, or nothing warned.")
     steps = {kind: rollout_steps(run_dir, kind) for kind in KINDS}
-    index = {"title": _run_title(run_dir), "steps": steps, "warnings": list(warnings or []), "checks": checks,
+    if cache.title is None:  # read again until the run has a config
+        cache.title = _run_title(run_dir)
+    index = {"title": cache.title or f"turnrl run {run_dir.name}", "steps": steps, "warnings": list(warnings or []), "checks": checks,
              "episodes": {kind: {} for kind in KINDS}}
     scripts = []
     for kind in KINDS:

@@ -26,9 +26,13 @@ class RunLogger:
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # tensorboard's import is slow
+            from tensorboard.compat.proto.summary_pb2 import Summary  # tensorboard's import is slow
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._summary = Summary
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            self._tb._get_file_writer()  # made now: log() writes to its file_writer
         self.trackers = list(trackers)
 
     def log(self, step: int, metrics: dict[str, float], prefix: str = "train", jsonl: bool = True) -> None:
@@ -37,9 +41,10 @@ class RunLogger:
         if jsonl:
             self._jsonl.write(json.dumps({"step": step, "kind": prefix, **metrics}) + "\n")
             self._jsonl.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+        if self._tb is not None:  # one event holding the row's scalars (an event per scalar costs ~9 ms a step)
+            values = [self._summary.Value(tag=f"{prefix}/{key}", simple_value=float(value)) for key, value in metrics.items()
+                      if isinstance(value, (int, float))]
+            self._tb.file_writer.add_summary(self._summary(value=values), step)
         self._report("log", prefix, step, metrics)
 
     def episodes(self, kind: str, step: int, records: Sequence[EpisodeRecord]) -> None:

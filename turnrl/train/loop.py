@@ -32,7 +32,8 @@ from turnrl.train.stages import pre_rl_stages
 __all__ = ["TrainResult", "train"]
 
 
-def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None] | None = None) -> TrainResult:
+def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None] | None = None,
+          on_step_end: Callable[[int], None] | None = None) -> TrainResult:
     """Run the stages before RL and RL as configured; write logs, curves, table and
     checkpoints to ``run_dir``.
 
@@ -41,6 +42,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
         run_dir: output folder (the Hydra run dir from the CLI).
         on_rl_start: called with the model after the stages before RL (or after loading a
             checkpoint), before this process's first RL step.
+        on_step_end: called with the step's number after each RL step is recorded (its
+            metrics, episodes, evaluation and checkpoint when due).
 
     Raises:
         ValueError: On an invalid config (before any work), or a ``trainer.resume`` that
@@ -66,6 +69,8 @@ def train(cfg: Config, run_dir: str | Path, on_rl_start: Callable[[object], None
             update = algorithm.update(credited, coefs, view)
             source.after_update(step, run.model)    # the sampler gets the new weights
             recorder.record(step, rollouts, waited, credited, update, coefs, started, view)
+            if on_step_end is not None:
+                on_step_end(step)
     except KeyboardInterrupt:                        # keep what was computed: evaluate, save and report
         recorder.interrupted()
     except BaseException:
