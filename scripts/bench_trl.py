@@ -32,11 +32,18 @@ running a third; turnrl ends an episode at its answer or after 3 turns, and the 
 turn with neither a call nor an answer (or a malformed call) with a message the model then
 reads. Printed per side: sampled tokens and tool calls per episode.
 
-Timing: TRL's step is the wall time between two ``on_step_end`` callbacks less the turnrl step
+turnrl runs twice beside TRL: its step pieces as above, and its trainer as a user runs it
+(``TrainerSide``: ``turnrl.train.loop.train``, what ``python -m turnrl.train`` runs, on the same
+saved model, env and settings, with the trainer's defaults otherwise: every step's episodes kept,
+TensorBoard, the collapse watch, the run page every 10 steps; held-out evaluation left out of the
+timed steps, as TRL runs none).
+
+Timing: TRL's step is the wall time between two ``on_step_end`` callbacks less the turnrl steps
 run inside the callback (so it holds everything TRL does per step: batching the prompts,
-rendering, generation, rewards, the loss, the optimizer, its metrics); turnrl's step is timed
-around its pieces. The first ``--warmup`` steps of each side are dropped; medians are kept.
-Printed: versions, each side's median seconds per step and the ratio turnrl / TRL (below 1:
+rendering, generation, rewards, the loss, the optimizer, its metrics); turnrl's pieces are timed
+around them, its trainer from a step's start to the end of its recording. The three alternate
+step by step. The first ``--warmup`` steps of each side are dropped; medians are kept.
+Printed: versions, each side's median seconds per step and the ratios turnrl / TRL (below 1:
 turnrl is faster).
 """
 
@@ -422,8 +429,8 @@ def run(args) -> dict:
             setup["warmstart_loss"] = losses[-1] if losses else None
         rows.append(run_bench(bench, base, tokenizer, args))
         r = rows[-1]
-        print(f"  {bench}: turnrl {r['seconds']['turnrl']:.4f} s, TRL {r['seconds']['trl']:.4f} s per step "
-              f"(ratio {r['ratio']:.2f})", flush=True)
+        print(f"  {bench}: turnrl pieces {r['seconds']['turnrl']:.4f} s, trainer {r['seconds']['trainer']:.4f} s, "
+              f"TRL {r['seconds']['trl']:.4f} s per step (ratios {r['ratio']:.2f}, {r['ratio_trainer']:.2f})", flush=True)
     return {"setup": setup, "rows": rows}
 
 
@@ -432,14 +439,17 @@ def print_table(result: dict) -> None:
     print(f"turnrl vs TRL GRPOTrainer: tiny Qwen2 ({s['params'] / 1e3:.0f}k params, Qwen2.5 template), "
           f"{s['group_size']} samples of 1 prompt per step, {s['threads']} thread(s), median of {s['steps']} steps "
           f"after {s['warmup']}; torch {s['torch']}, transformers {s['transformers']}, trl {s['trl']}")
-    print(f"{'benchmark':<10} {'turnrl s/step':>14} {'TRL s/step':>11} {'ratio':>6} {'turnrl rollout':>15} "
+    print(f"{'benchmark':<10} {'pieces s/step':>14} {'trainer s/step':>15} {'TRL s/step':>11} {'ratio':>6} "
+          f"{'trainer':>8} {'turnrl rollout':>15} "
           f"{'tokens/ep turnrl':>17} {'TRL':>6} {'calls/ep turnrl':>16} {'TRL':>5}")
     for r in result["rows"]:
         e = r["per_episode"]
-        print(f"{r['bench']:<10} {r['seconds']['turnrl']:>14.4f} {r['seconds']['trl']:>11.4f} {r['ratio']:>6.2f} "
+        print(f"{r['bench']:<10} {r['seconds']['turnrl']:>14.4f} {r['seconds']['trainer']:>15.4f} "
+              f"{r['seconds']['trl']:>11.4f} {r['ratio']:>6.2f} {r['ratio_trainer']:>8.2f} "
               f"{r['turnrl_rollout']:>15.4f} {e['turnrl']['sampled_tokens']:>17.1f} {e['trl']['sampled_tokens']:>6.1f} "
               f"{e['turnrl']['tool_calls']:>16.2f} {e['trl']['tool_calls']:>5.2f}")
-    print("ratio = turnrl s/step / TRL s/step (below 1: turnrl faster); same prompt ids on both sides: "
+    print("ratio = turnrl's pieces s/step / TRL s/step, trainer = the trainer's s/step / TRL's (below 1: turnrl "
+          "faster); same prompt ids on both sides: "
           + ", ".join(f"{r['bench']} {'yes' if r['same_prompt_ids'] else 'NO'}" for r in result["rows"]))
 
 

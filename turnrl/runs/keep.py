@@ -80,12 +80,19 @@ class Pieces:
         return out + [self._piece(t) for t in pending]
 
 
-def _column(values: torch.Tensor | None, mask: list[bool], n: int) -> list[float | None]:
-    """A row's figures on sampled tokens (rounded to ``DECIMALS``), None elsewhere."""
+def _rounded(values: torch.Tensor | None, rows: Sequence[int]) -> dict[int, list[float]] | None:
+    """``values[row]`` of each of ``rows``, rounded to ``DECIMALS``, as lists (one tensor op for
+    all rows)."""
+    if values is None or not len(rows):
+        return None
+    return dict(zip(rows, torch.round(values[list(rows)].double(), decimals=DECIMALS).tolist()))
+
+
+def _column(values: list[float] | None, mask: list[bool], n: int) -> list[float | None]:
+    """A row's figures on sampled tokens, None elsewhere."""
     if values is None:
         return [None] * n
-    rounded = torch.round(values[:n].double(), decimals=DECIMALS).tolist()
-    return [v if m else None for v, m in zip(rounded, mask)]
+    return [v if m else None for v, m in zip(values[:n], mask)]
 
 
 def episode_records(trajectories: Sequence[Trajectory], *, kind: str, step: int, pieces: Pieces,
@@ -112,12 +119,16 @@ def episode_records(trajectories: Sequence[Trajectory], *, kind: str, step: int,
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     rows = range(len(trajectories)) if rows is None else rows
+    figures = {name: _rounded(values, rows) for name, values in (
+        ("learner_logprob", learner_logprobs), ("advantage", advantages), ("importance_weight", importance_weights),
+        ("entropy", entropy))}
+    masks = None if loss_mask is None else dict(zip(rows, loss_mask[list(rows)].tolist())) if len(rows) else {}
     records = []
     for index, row in enumerate(rows):
         t = trajectories[row]
         total = len(t.token_ids)
         n = total if max_tokens is None else min(total, max_tokens)
-        mask = (t.loss_mask[:n] if loss_mask is None else loss_mask[row, :n].tolist())
+        mask = t.loss_mask[:n] if masks is None else masks[row][:n]
         sampled = [bool(m) for m in mask]
         turn = [-1] * n
         for k, (start, end) in enumerate(t.turn_spans):
@@ -127,13 +138,12 @@ def episode_records(trajectories: Sequence[Trajectory], *, kind: str, step: int,
         for s in range(len(starts) - 1):
             segment += [s] * max(0, min(starts[s + 1], n) - min(starts[s], n))
         row_of = (lambda x: None if x is None else x[row])  # noqa: E731
+        sampler = [round(float(v), DECIMALS) for v in t.logprobs[:n]]
         tokens = Tokens(ids=list(t.token_ids[:n]), pieces=pieces(t.token_ids[:n]), sampled=sampled, turn=turn,
                         segment=segment,
-                        sampler_logprob=_column(torch.tensor(t.logprobs[:n]), [bool(m) for m in t.loss_mask[:n]], n),
-                        learner_logprob=_column(row_of(learner_logprobs), sampled, n),
-                        advantage=_column(row_of(advantages), sampled, n),
-                        importance_weight=_column(row_of(importance_weights), sampled, n),
-                        entropy=_column(row_of(entropy), sampled, n), total=total)
+                        sampler_logprob=_column(sampler, [bool(m) for m in t.loss_mask[:n]], n),
+                        **{name: _column(row_of(values), sampled, n) for name, values in figures.items()},
+                        total=total)
         records.append(EpisodeRecord(
             kind=kind, step=step, index=index, group_id=t.group_id, task_id=str(t.task_id), env_id=t.env_id,
             reward=float(t.reward), turn_rewards=[float(r) for r in t.turn_rewards], success=bool(t.success),
