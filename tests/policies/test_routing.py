@@ -121,7 +121,7 @@ def test_a_dead_backend_is_routed_around_and_client_errors_are_raised(servers, s
     with pytest.raises(ConnectionError, match="every policy backend failed"):
         everyone_dead.generate(prompts[:2], params)
     wrong = RoutedPolicy([OpenAIPolicy(s.url, "nope", tokenizer=tokenizer) for s in servers])
-    with pytest.raises(PolicyRequestError, match="HTTP 404"):
+    with pytest.raises(PolicyRequestError, match="does not serve a model named 'nope': it serves"):
         wrong.generate(prompts[:2], params)
 
 

@@ -146,8 +146,8 @@ class HTTPBackendConfig:
     # base URLs of token-exact OpenAI-compatible rollout servers, e.g. [http://10.0.0.2:8000]: vLLM
     # started with VLLM_SERVER_DEV_MODE=1 (weight reloads), or `turnrl serve-policy`
     base_urls: list[str] = field(default_factory=list)
-    # the served model's name (GET /v1/models)
-    model: str = "turnrl-policy"
+    # the served model's name (GET /v1/models); null: the only model each server serves
+    model: Optional[str] = None
     # environment variable holding the servers' API key (none is sent when it is unset)
     api_key_env: str = "OPENAI_API_KEY"
     # several servers: round_robin or least_loaded

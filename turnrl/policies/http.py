@@ -60,6 +60,8 @@ from urllib.parse import urlsplit
 
 from turnrl.chat.formats import turn_end_ids
 from turnrl.policies.sampling import Generation, SamplingParams
+from turnrl.policies.server_check import (PROBE_TEMPERATURES, LogprobsMode, ServedModel, context_problem, logprobs_mode,
+                                          pick_model, raw_logprobs_problem, request_problem, served_models, top_logprob)
 from turnrl.tools.executors.loop import run_sync
 from turnrl.policies.weights import save_weights
 
@@ -146,7 +148,8 @@ class OpenAIPolicy:
 
     Args:
         base_url: the server, ``http://HOST:PORT`` or its ``.../v1`` prefix.
-        model: the model name the server serves (``GET {base}/v1/models`` lists them).
+        model: the model name the server serves (``GET {base}/v1/models`` lists them); None:
+            the only model it serves (read on first use).
         mode: ``"tokens"`` (token-exact, ``/v1/completions``) or ``"text"`` (eval only,
             ``/v1/chat/completions``).
         api_key_env: name of the environment variable holding the API key, read once here and
@@ -168,14 +171,15 @@ class OpenAIPolicy:
             without a tokenizer.
     """
 
-    def __init__(self, base_url: str, model: str, *, mode: Mode = "tokens", api_key_env: str = "OPENAI_API_KEY",
+    def __init__(self, base_url: str, model: str | None = None, *, mode: Mode = "tokens", api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 60, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 32,
                  tokenizer=None, eos_token_id: int | None = None,
                  parse_messages: Callable[[str], list[dict]] | None = None) -> None:
         if mode not in ("tokens", "text"):
             raise ValueError(f"mode must be 'tokens' (token-exact, trainable) or 'text' (eval only), got {mode!r}")
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be the served model's name (see GET /v1/models), got {model!r}")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ValueError(f"model must be the served model's name (see GET /v1/models) or None (the only one "
+                             f"served), got {model!r}")
         _check_number("timeout_s", timeout_s, minimum=0, strict=True)
         _check_number("backoff_s", backoff_s, minimum=0)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -202,6 +206,8 @@ class OpenAIPolicy:
             self._headers["Authorization"] = f"Bearer {key}"
         self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
         self._lock = threading.Lock()
+        self.served: ServedModel | None = None  # the model of GET /v1/models, read on first use
+        self.logprobs_mode: LogprobsMode | None = None  # probed on the first sampled request at T != 1
 
     def __repr__(self) -> str:
         return f"OpenAIPolicy({self.api_url!r}, model={self.model!r}, mode={self.mode!r})"
@@ -231,7 +237,89 @@ class OpenAIPolicy:
             conversations = [self.parse_messages(self.tokenizer.decode(list(p), skip_special_tokens=False))
                              for p in prompts]
             return await self.agenerate_messages(conversations, params)
+        if prompts:
+            await self._check_requests(prompts, params)
         return await self._gather([self._complete_tokens(list(p), params) for p in prompts])
+
+    # ----------------------------------------------------------------- the server's checks
+    def check(self, *, max_context_tokens: int | None = None, temperature: float | None = None,
+              prompt: list[int] | None = None, context_key: str = "max_context_tokens",
+              temperature_key: str = "temperature") -> ServedModel:
+        """Check the server against what a run needs, before any work (``turnrl.policies.server_check``):
+        it serves the model (None: the only one, which becomes ``model``), its context holds
+        ``max_context_tokens``, and at a ``temperature`` other than 1 it reports processed
+        logprobs (probed on ``prompt``, token mode). ``*_key`` name the settings in messages.
+
+        Raises:
+            ValueError: Naming what to set (the setting or the server flag).
+            PolicyHTTPError: When the server does not answer as an OpenAI-compatible one.
+        """
+        return run_sync(self.acheck(max_context_tokens=max_context_tokens, temperature=temperature, prompt=prompt,
+                                    context_key=context_key, temperature_key=temperature_key))
+
+    async def acheck(self, *, max_context_tokens: int | None = None, temperature: float | None = None,
+                     prompt: list[int] | None = None, context_key: str = "max_context_tokens",
+                     temperature_key: str = "temperature") -> ServedModel:
+        """``check`` as a coroutine."""
+        served = await self.aserved_model()
+        if max_context_tokens is not None:
+            problem = context_problem(served, max_context_tokens, self.api_url, context_key)
+            if problem:
+                raise ValueError(problem)
+        if temperature is not None and temperature != 1.0 and prompt and self.mode == "tokens":
+            if await self.aprobe_logprobs_mode(prompt) == "raw":
+                raise ValueError(raw_logprobs_problem(self.api_url, temperature, temperature_key))
+        return served
+
+    async def aserved_model(self) -> ServedModel:
+        """The served model (``GET /v1/models``, read once); sets ``model`` when it was None.
+
+        Raises:
+            PolicyRequestError: When the server does not serve ``model`` (or serves several and
+                none was named).
+        """
+        if self.served is None:
+            url = f"{self.api_url}/models"
+            try:
+                payload = await self._post(url, None, method="GET", retry_server_errors=False)
+            except PolicyHTTPError as e:
+                if e.status is None or self.model is None:  # no answer, or no name to go on with
+                    raise
+                # a server without the models list: the named model, its context unknown
+                self.served = ServedModel(self.model, None)
+                return self.served
+            try:
+                self.served = pick_model(served_models(payload, url), self.model, url)
+            except ValueError as e:  # a request error of this client's (routing does not try it elsewhere)
+                raise PolicyRequestError(str(e), url=url, status=404) from None
+            self.model = self.served.name
+        return self.served
+
+    async def aprobe_logprobs_mode(self, prompt: list[int]) -> LogprobsMode:
+        """Whether the server's logprobs are after temperature (``processed``), before it (``raw``:
+        vLLM's default) or cannot be told (``unknown``: a server that returns no top logprobs,
+        or a prompt whose next token is certain); probed once, on ``prompt``."""
+        if self.logprobs_mode is None:
+            tops = []
+            for temperature in PROBE_TEMPERATURES:
+                body = {**self.completion_body(list(prompt), SamplingParams(max_new_tokens=1, temperature=temperature)),
+                        "logprobs": 5}
+                try:
+                    tops.append(top_logprob(await self._post(f"{self.api_url}/completions", body)))
+                except PolicyRequestError:  # a server that returns no top logprobs (turnrl serve-policy: its
+                    tops.append(None)       # logprobs are after temperature by construction)
+            self.logprobs_mode = logprobs_mode(*tops)
+        return self.logprobs_mode
+
+    async def _check_requests(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        served = await self.aserved_model()
+        longest = max(len(p) for p in prompts)
+        problem = request_problem(served, longest, params.max_new_tokens, self.api_url)
+        if problem:
+            raise ValueError(problem)
+        if not params.greedy and params.temperature != 1.0 and self.logprobs_mode is None:
+            if await self.aprobe_logprobs_mode(list(prompts[0])) == "raw":
+                raise ValueError(raw_logprobs_problem(self.api_url, params.temperature))
 
     def generate_messages(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
         """Text mode from chat messages directly: one ``/v1/chat/completions`` per conversation.
@@ -246,6 +334,8 @@ class OpenAIPolicy:
         if self.tokenizer is None:
             raise ValueError("generate_messages needs the policy's tokenizer to re-tokenize replies; "
                              "pass tokenizer=...")
+        if conversations:
+            await self.aserved_model()
         return await self._gather([self._complete_chat(list(c), params) for c in conversations])
 
     def load_weights_from_path(self, path: str | os.PathLike) -> None:
@@ -405,12 +495,14 @@ class OpenAIPolicy:
                 url=url, status=200)
         return Generation([int(i) for i in ids], [float(v) for v in values], finish)
 
-    async def _post(self, url: str, body: dict, *, retry_server_errors: bool = True, json_reply: bool = True) -> Any:
-        """POST ``body``; retries as the module docstring says (5xx only with ``retry_server_errors``).
-        Returns the JSON answer (None for an empty body when ``json_reply`` is False)."""
+    async def _post(self, url: str, body: dict | None, *, retry_server_errors: bool = True, json_reply: bool = True,
+                    method: str = "POST") -> Any:
+        """POST ``body`` (or GET ``url`` with ``method="GET"``); retries as the module docstring
+        says (5xx only with ``retry_server_errors``). Returns the JSON answer (None for an empty
+        body when ``json_reply`` is False)."""
         import httpx
 
-        data = json.dumps(body).encode()
+        data = None if body is None else json.dumps(body).encode()
         client, slots = self._client()
         problem, status = "", None
         async with slots:
@@ -419,7 +511,8 @@ class OpenAIPolicy:
                     await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
                 try:
                     response = await asyncio.wait_for(
-                        client.post(url, content=data, headers=self._headers, timeout=self.timeout_s), self.timeout_s)
+                        client.request(method, url, content=data, headers=self._headers, timeout=self.timeout_s),
+                        self.timeout_s)
                 except (httpx.TimeoutException, asyncio.TimeoutError):
                     problem, status = f"no answer within timeout_s={self.timeout_s:g} s", None
                     continue
@@ -454,7 +547,7 @@ class OpenAIPolicy:
         if status in (401, 403):
             hint = (f"; set the API key in the environment variable {self.api_key_env!r}" if self.api_key_env
                     else "; the server wants an API key (OpenAIPolicy(api_key_env=...))")
-        elif status == 404:
+        elif status == 404 and url.startswith(self.api_url + "/"):  # the /v1 API (not the weight-reload endpoints)
             hint = f"; check the model name {self.model!r} and the URL (GET {self.api_url}/models lists the models)"
         return PolicyRequestError(f"the policy server at {url} refused the request: HTTP {status}: {message}{hint}",
                                   url=url, status=status, server_message=message)

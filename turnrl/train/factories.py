@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import gymnasium
 
 import turnrl.envs  # noqa: F401  (registers the turnrl/... ids)
 from turnrl.chat.formats import ChatFormat, detect, get_format
+from turnrl.chat.renderer import ChatRenderer
 from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.models.causal_lm import build_tiny_model, load_pretrained
 from turnrl.policies.protocol import RolloutPolicy
@@ -181,9 +182,28 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
             raise ValueError(f"agent.http.route_strategy must be one of {STRATEGIES}, got {h.route_strategy!r}")
         servers = [OpenAIPolicy(url, h.model, mode="tokens", api_key_env=h.api_key_env, timeout_s=h.timeout_s,
                                 max_concurrency=h.max_concurrency, tokenizer=tokenizer) for url in h.base_urls]
+        check_servers(cfg, servers, tokenizer)
         return ServedPolicy(servers, h.weights_dir or Path(workdir) / "weights", unwrap_model(model).config,
                             h.route_strategy)
     raise ValueError(f"agent.backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def check_servers(cfg: Config, servers: Sequence[OpenAIPolicy], tokenizer) -> None:
+    """Before any work: each rollout server serves ``agent.http.model`` (null: its only model),
+    holds ``agent.max_context_tokens``, and reports logprobs after temperature when the run
+    samples at a temperature other than 1 (``OpenAIPolicy.check``).
+
+    Raises:
+        ValueError: Naming the setting or the server flag to change.
+    """
+    a = cfg.agent
+    temperatures = {a.temperature} | ({a.temperature_end} if a.temperature_schedule != "constant" else set())
+    temperature = next((t for t in sorted(temperatures) if t != 1.0), None)
+    prompt = ChatRenderer(tokenizer, a.chat_format, a.template_kwargs).start(
+        [{"role": "user", "content": "Say hello."}]).prompt_ids
+    for server in servers:
+        server.check(max_context_tokens=a.max_context_tokens, temperature=temperature, prompt=list(prompt),
+                     context_key="agent.max_context_tokens", temperature_key="agent.temperature")
 
 
 def advantage_fn(cfg: Config):
