@@ -299,7 +299,7 @@ def test_a_bad_weights_path_is_refused_before_the_server_sees_it(policy, prompts
 def test_the_model_and_its_context_are_read_from_the_server(vllm_server, tokenizer, prompts):
     policy = OpenAIPolicy(vllm_server[0], api_key_env=KEY_ENV, tokenizer=tokenizer)  # no model name: the served one
     served = policy.check(max_context_tokens=MAX_MODEL_LEN, temperature=0.7, prompt=prompts[0])
-    assert (served.name, served.max_model_len, policy.model) == (NAME, MAX_MODEL_LEN, NAME)
+    assert (served.name, served.context, policy.model) == (NAME, MAX_MODEL_LEN, NAME)
     assert policy.logprobs_mode == "processed"  # the fixture's server runs --logprobs-mode processed_logprobs
     with pytest.raises(ValueError, match=rf"max_context_tokens=2048 is above the context of '{NAME}' .*"
                                          rf"max_model_len={MAX_MODEL_LEN}.*--max-model-len 2048"):

@@ -37,10 +37,11 @@ RAW_FLAG = "--logprobs-mode processed_logprobs"
 
 @dataclass(frozen=True)
 class ServedModel:
-    """One entry of ``GET /v1/models``: its name and context length (None: not reported)."""
+    """One entry of ``GET /v1/models``: its name and context length (vLLM's ``max_model_len``;
+    None: not reported)."""
 
     name: str
-    max_model_len: int | None
+    context: int | None
 
 
 def served_models(payload: Any, url: str) -> list[ServedModel]:
@@ -84,7 +85,7 @@ def pick_model(models: Sequence[ServedModel], asked: str | None, url: str, key: 
 def context_problem(model: ServedModel, max_context_tokens: int, url: str,
                     key: str = "agent.max_context_tokens") -> str | None:
     """Why ``max_context_tokens`` (a prompt plus its turn) does not fit the server's context, or None."""
-    limit = model.max_model_len
+    limit = model.context
     if limit is None or max_context_tokens <= limit:
         return None
     return (f"{key}={max_context_tokens} is above the context of {model.name!r} at {url} (max_model_len={limit}): "
@@ -94,7 +95,7 @@ def context_problem(model: ServedModel, max_context_tokens: int, url: str,
 
 def request_problem(model: ServedModel, prompt_tokens: int, max_new_tokens: int, url: str) -> str | None:
     """Why a request of ``prompt_tokens`` plus ``max_new_tokens`` does not fit, or None."""
-    limit = model.max_model_len
+    limit = model.context
     if limit is None or prompt_tokens + max_new_tokens <= limit:
         return None
     return (f"a prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} does not fit the context of "
