@@ -233,8 +233,8 @@ def trainer_config(bench: str, args, model_dir: Path, steps: int):
     cfg.algorithm.update(dict(advantage="grpo", loss_agg="token-mean", clip_low=0.2, clip_high=0.2, kl_coef=0.0))
     cfg.algorithm.advantage_kwargs = {"normalize_std": True}
     cfg.trainer.update(dict(steps=steps, tasks_per_step=1, group_size=args.group_size, lr=args.lr, weight_decay=0.0,
-                            max_grad_norm=1.0, micro_batch_size=64, threads=args.threads, env_workers=1,
-                            eval_every=10**9, eval_episodes=2, progress=False, save_checkpoint=False))
+                            max_grad_norm=1.0, micro_batch_size=64, skip_zero_grad=False, threads=args.threads,
+                            env_workers=1, eval_every=10**9, eval_episodes=2, progress=False, save_checkpoint=False))
     return OmegaConf.to_object(cfg)
 
 
