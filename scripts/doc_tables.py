@@ -348,10 +348,12 @@ def credit_suite_summary(r: Record) -> str:
     return markdown(head, rows) + "\n\n" + _suite_caption(r)
 
 
-def credit_suite(r: Record) -> str:
-    """The credit suite's tables (``turnrl.bench.suite.record_table``), every env."""
-    return record_table(r.result) + "\n\n" + _suite_caption(r) + (
-        " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
+def credit_suite_env(env: str) -> Callable[[Record], str]:
+    """The credit suite's table of one env (``turnrl.bench.suite.record_table``)."""
+    def table(r: Record) -> str:
+        return record_table(r.result, env) + "\n\n" + _suite_caption(r) + (
+            " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
+    return table
 
 
 @dataclass(frozen=True)
@@ -385,6 +387,9 @@ TABLES: dict[str, Table] = {
     "keep_rollouts": _one("bench_keep_rollouts.json", keep_rollouts),
     "view_load": _one("bench_view.json", view_load),
     "baselines": _one("baselines.json", baselines),
+    "credit_suite_summary": _one("credit_suite.json", credit_suite_summary),
+    "credit_suite_guess_number_long": _one("credit_suite.json", credit_suite_env("guess_number_long")),
+    "credit_suite_frozen_lake_long": _one("credit_suite.json", credit_suite_env("frozen_lake_long")),
     "perf_targets": Table(("bench_trl.json", "bench_turns.json", "bench_learner_loop.json", "bench_mfu_cpu.json",
                            "bench_sandbox.json", "bench_learner_scaling.json", "bench_vllm_rollout.json",
                            "bench_turns_qwen_layers.json"),

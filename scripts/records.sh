@@ -5,7 +5,7 @@
 #
 #   scripts/records.sh            # every record (about an hour on 2 cores)
 #   scripts/records.sh sandbox    # the named ones (see RECORDS below)
-#   scripts/records.sh credit_suite  # the credit suite, 10 seeds (about 4 h on 2 cores; not in the
+#   scripts/records.sh credit_suite  # the credit suite, 5 seeds (about 2 h on 2 cores; not in the
 #                                    # default list; rerun it to resume). Its per-run rows are kept
 #                                    # beside the record (credit_suite_runs.csv). MT-GRPO is left out:
 #                                    # without intermediate rewards it is GRPO exactly (a test says so)
@@ -31,7 +31,7 @@ declare -A RECORDS=(
   [baselines]="-m turnrl baselines --json $OUT/baselines.json"
   [eval_demo]="scripts/eval_demo.py --json $OUT/eval_demo.json"
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
-  [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 5 6 7 8 9 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
+  [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
 ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
