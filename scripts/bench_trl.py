@@ -51,11 +51,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -78,6 +80,7 @@ from turnrl.envs import CalcMathEnv  # noqa: E402
 from turnrl.envs.base import MultiTurnEnv, TurnOutcome  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.tools.calculator import evaluate, format_number  # noqa: E402
+from turnrl.train.loop import train  # noqa: E402
 from turnrl.train.warm_start import warm_start  # noqa: E402
 
 BENCHES = ("single", "tools")
@@ -251,16 +254,11 @@ class TrainerSide:
     runs none."""
 
     def __init__(self, bench: str, model, tokenizer, args, workdir: Path, steps: int):
-        import threading
-
-        from turnrl.train.loop import train
-
         model.save_pretrained(workdir / "model")
         tokenizer.save_pretrained(workdir / "model")
         self.cfg = trainer_config(bench, args, workdir / "model", steps + 1)
         self.go, self.done = threading.Semaphore(0), threading.Semaphore(0)
         self.started, self.error, self.run_dir = 0.0, None, workdir / "run"
-        self.rollout: list[float] = []
 
         def on_rl_start(model):
             self.go.acquire()
@@ -298,8 +296,6 @@ class TrainerSide:
         self.thread.join()
         if self.error is not None:
             raise RuntimeError(f"the turnrl trainer failed: {self.error!r}") from self.error
-        import json
-
         rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
         return {r["step"]: r for r in rows if r["kind"] == "train"}
 
