@@ -3,6 +3,7 @@ learner computed, on the tokens it trained, and nothing elsewhere."""
 
 import copy
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -104,6 +105,28 @@ def test_pieces_of_a_byte_level_tokenizer_rebuild_the_text(tokenizer):
     assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=False) == text
     assert "中" in pieces and "🙂" in pieces and "<|im_end|>" in pieces  # whole characters, on their last byte
     assert "" in pieces and not any("\ufffd" in p for p in pieces)
+
+
+def test_byte_level_fast_path_equals_the_tokenizers_decode(tokenizer):
+    """The byte-level fast path (one UTF-8 decode over the tokens' bytes) against the
+    tokenizer's own decode and the per-token path, on random id sequences: specials, characters
+    split over tokens, invalid bytes."""
+    fast, slow = Pieces(tokenizer), Pieces(tokenizer)
+    assert fast.bytes_of is not None  # the tests' tokenizer is byte-level (Qwen2.5-style)
+    slow.bytes_of = None
+    rng = random.Random(0)
+    multibyte = tokenizer.encode("é中🙂", add_special_tokens=False)
+    specials = tokenizer.all_special_ids
+    for _ in range(400):
+        ids = [rng.choice((rng.randrange(len(tokenizer)), rng.choice(multibyte), rng.choice(specials)))
+               for _ in range(rng.randrange(1, 30))]
+        pieces = fast(ids)
+        assert len(pieces) == len(ids)
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if "\ufffd" not in "".join(pieces):  # valid text: both paths give each token the same piece
+            assert pieces == slow(ids)
+    beyond = [len(fast.bytes_of)]  # an id past the tokenizer's vocabulary (a padded model vocabulary)
+    assert fast(beyond) == slow(beyond)
 
 
 def test_pieces_keep_the_space_a_metaspace_tokenizer_drops_at_the_start():

@@ -3,8 +3,11 @@ learner computed of them."""
 
 from __future__ import annotations
 
+import codecs
+import json
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from turnrl.rollout.termination import is_infra_failure
@@ -40,7 +43,15 @@ class Pieces:
     A token's piece is its text after some other token (so a tokenizer that drops a leading
     space at the start of a text keeps it); a token whose bytes end inside a character (a
     byte-level tokenizer splits characters into several tokens) gets "" and the token that
-    completes the character gets the character."""
+    completes the character gets the character. The pieces of a sequence join to the
+    tokenizer's own decode of it.
+
+    Byte-level BPE tokenizers (GPT-2, Qwen, Llama 3, DeepSeek: a ``ByteLevel`` decoder) take a
+    fast path: each token's bytes are read once from its vocabulary string, and a sequence's
+    pieces come from one incremental UTF-8 decode of its bytes (no tokenizer call per token);
+    invalid bytes become U+FFFD as in the tokenizer's lossy decode. Other tokenizers decode
+    each token after an anchor token, and again with the tokens before it while a character
+    is incomplete."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -48,6 +59,8 @@ class Pieces:
         self.anchor = anchor[:1]
         self.anchor_text = self._decode(self.anchor)
         self.cache: dict[int, str] = {}
+        self.bytes_of = _byte_level_table(tokenizer)  # id -> bytes, or None (not byte-level)
+        self.text_of = None if self.bytes_of is None else [_whole_text(b) for b in self.bytes_of]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -62,6 +75,8 @@ class Pieces:
 
     def __call__(self, ids: Sequence[int]) -> list[str]:
         """The pieces of ``ids`` (one per id)."""
+        if self.bytes_of is not None and (not ids or (min(ids) >= 0 and max(ids) < len(self.bytes_of))):
+            return self._byte_pieces(ids)
         out, pending = [], []  # pending: ids whose bytes end inside a character
         for token in ids:
             piece = self._piece(token)
@@ -78,6 +93,72 @@ class Pieces:
                 continue
             pending = []
         return out + [self._piece(t) for t in pending]
+
+    def _byte_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The byte-level fast path: each token's text where its bytes are whole characters and
+        none are pending; else an incremental UTF-8 decode over the tokens' bytes until no byte
+        is pending (bytes still incomplete at the end become U+FFFD on the last token)."""
+        out, decoder = [], None
+        for token in ids:
+            if decoder is None:
+                text = self.text_of[token]
+                if text is not None:
+                    out.append(text)
+                    continue
+                decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            out.append(decoder.decode(self.bytes_of[token]))
+            if not decoder.getstate()[0]:  # no byte pending: the plain path again
+                decoder = None
+        if decoder is not None:
+            out[-1] += decoder.decode(b"", final=True)
+        return out
+
+
+def _byte_level_table(tokenizer) -> list[bytes] | None:
+    """Each id's bytes as a byte-level BPE tokenizer decodes it (a fast tokenizer whose decoder
+    is ``ByteLevel``): the token's string mapped back through GPT-2's byte-to-character table,
+    or its UTF-8 bytes when some character is not in that table (an added token such as
+    ``<|im_end|>`` is plain ASCII, which the table maps to itself). The decoder then reads the
+    whole sequence's bytes as one lossy UTF-8 text. None when the tokenizer is not byte-level."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+    except (ValueError, AttributeError):
+        return None
+    if decoder.get("type") != "ByteLevel":
+        return None
+    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+    table = []
+    for token in range(backend.get_vocab_size(with_added_tokens=True)):
+        text = backend.id_to_token(token)
+        if text is None:  # a hole in the ids: leave such tokenizers to the slow path
+            return None
+        table.append(bytes(byte_of[c] for c in text) if all(c in byte_of for c in text) else text.encode("utf-8"))
+    return table
+
+
+def _whole_text(raw: bytes) -> str | None:
+    """``raw`` as text when it is whole UTF-8 characters, else None."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level table: every byte as a printable character (the byte itself for
+    printable Latin-1, 256 + n for the others), as the ``ByteLevel`` pre-tokenizer writes tokens."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
 
 
 def _rounded(values: torch.Tensor | None, rows: Sequence[int]) -> dict[int, list[float]] | None:
@@ -138,7 +219,7 @@ def episode_records(trajectories: Sequence[Trajectory], *, kind: str, step: int,
         for s in range(len(starts) - 1):
             segment += [s] * max(0, min(starts[s + 1], n) - min(starts[s], n))
         row_of = (lambda x: None if x is None else x[row])  # noqa: E731
-        sampler = [round(float(v), DECIMALS) for v in t.logprobs[:n]]
+        sampler = np.round(np.asarray(t.logprobs[:n], dtype=np.float64), DECIMALS).tolist()
         tokens = Tokens(ids=list(t.token_ids[:n]), pieces=pieces(t.token_ids[:n]), sampled=sampled, turn=turn,
                         segment=segment,
                         sampler_logprob=_column(sampler, [bool(m) for m in t.loss_mask[:n]], n),
