@@ -24,6 +24,8 @@ declare -A RECORDS=(
   [turns]="scripts/bench_turns.py --json $OUT/bench_turns.json"
   [turns_qwen_layers]="scripts/bench_turns.py --hidden-size 896 --heads 14 --kv-heads 2 --intermediate-size 4864 --modes rows,update --json $OUT/bench_turns_qwen_layers.json"
   [vllm_rollout]="scripts/bench_vllm_rollout.py --json $OUT/bench_vllm_rollout.json"
+  [weight_push]="scripts/bench_weight_push.py --json $OUT/bench_weight_push.json"
+  [routing]="scripts/bench_routing.py --json $OUT/bench_routing.json"
   [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
   [async]="scripts/bench_async.py --json $OUT/bench_async.json"
   [keep_rollouts]="scripts/bench_keep_rollouts.py --json $OUT/bench_keep_rollouts.json"
@@ -34,7 +36,7 @@ declare -A RECORDS=(
   [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
-ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
        readme_demo)
 
 if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then

@@ -295,6 +295,14 @@ def test_a_bad_weights_path_is_refused_before_the_server_sees_it(policy, prompts
     assert policy.generate(prompts[:1], GREEDY)[0].exact  # the server is still up
 
 
+def test_a_server_without_turnrls_worker_extension_is_named_and_keeps_serving(policy, prompts):
+    """This module's server runs without ``--worker-extension-cls``: the pull probe names the flag
+    (vLLM answers an unknown worker method with a 500 and keeps serving)."""
+    with pytest.raises(PolicyRequestError, match="--worker-extension-cls turnrl.serving.vllm_worker.WeightPull"):
+        policy.check_weight_pull()
+    assert policy.generate(prompts[:1], GREEDY)[0].exact  # the server is still up
+
+
 # ------------------------------------------------------------------ part 3: the server's checks
 def test_the_model_and_its_context_are_read_from_the_server(vllm_server, tokenizer, prompts):
     policy = OpenAIPolicy(vllm_server[0], api_key_env=KEY_ENV, tokenizer=tokenizer)  # no model name: the served one

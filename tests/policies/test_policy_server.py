@@ -156,12 +156,14 @@ BAD_BODIES = [
     ({"prompt": [1, 10**7]}, "outside the vocabulary"),
     ({"prompt": "hi", "max_tokens": 0}, "'max_tokens' must be an integer in"),
     ({"prompt": "hi", "temperature": -1}, "temperature'?: must be a number >= 0"),
-    ({"prompt": "hi", "top_p": 0.9}, "top_p'?: nucleus sampling is not implemented.*got 0.9"),
+    ({"prompt": "hi", "top_p": 1.5}, r"top_p'?: must be a number in \(0, 1\].*got 1.5"),
     ({"prompt": "hi", "top_k": 20}, "top_k'?: top-k sampling is not implemented.*got 20"),
     ({"prompt": "hi", "logprobs": 5}, "logprobs'?: must be an integer in \\[0, 1\\]"),
-    ({"prompt": "hi", "stream": True}, "streaming is not supported"),
-    ({"prompt": "hi", "stop": ["\n"]}, "stop strings are not supported"),
-    ({"prompt": "hi", "seed": 3}, "per-request seeds"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options is only read with stream: true"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop'?: must be a string or a list of at most 4"),
+    ({"prompt": "hi", "seed": 3.5}, "seed'?: must be an integer"),
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools are rendered on /v1/chat/completions only"),
     ({"prompt": "hi", "stop_token_ids": [5]}, "stop_token_ids may only hold"),
     ({"prompt": "hi", "ignore_eos": True}, "ignore_eos=true is only supported together with"),
     ({"prompt": "hi", "return_token_ids": "yes"}, "return_token_ids'?: Input should be a valid boolean"),
@@ -190,8 +192,8 @@ def test_other_errors(server):
     assert "the endpoints are" in httpx.get(server.url + "/nowhere").json()["error"]["message"]
     chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user"}]})
     assert chat.status_code == 400 and "messages[0]" in chat.json()["error"]["message"]
-    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True})
-    assert chat.status_code == 400 and "/v1/completions" in chat.json()["error"]["message"]
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
+    assert chat.status_code == 400 and "needs logprobs: true" in chat.json()["error"]["message"]
     assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200  # still serving
 
 

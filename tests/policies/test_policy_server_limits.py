@@ -79,12 +79,16 @@ BAD_NUMBERS = [
     ({"stop_token_ids": [7]}, "stop_token_ids", r"stop_token_ids may only hold end-of-turn ids"),
     ({"stop_token_ids": [2.5]}, "stop_token_ids[0]", r"should be a valid integer"),
     ({"stop_token_ids": [[2]]}, "stop_token_ids[0]", r"should be a valid integer"),
-    ({"top_p": float("nan")}, "top_p", r"nucleus sampling is not implemented.*send 1 or leave it out.*got NaN"),
-    ({"top_p": True}, "top_p", r"nucleus sampling is not implemented"),
+    ({"top_p": float("nan")}, "top_p", r"must be a number in \(0, 1\].*got NaN"),
+    ({"top_p": True}, "top_p", r"must be a number in \(0, 1\]"),
+    ({"top_p": 0}, "top_p", r"must be a number in \(0, 1\]"),
+    ({"seed": 1 << 64}, "seed", r"must be an integer in \[-9223372036854775808, 18446744073709551615\]"),
+    ({"stop": ["a\udfff"]}, "stop", r"stop\[0\] holds '\\udfff' at character 1"),
     ({"echo": 0}, "echo", r"echo is not supported: send false or leave it out"),
     ({"model": 5}, "model", r"should be a valid string"),
     ({"return_token_ids": "yes"}, "return_token_ids", r"should be a valid boolean"),
-    ({"stop": ["x" * 10_000]}, "stop", r"stop strings are not supported"),
+    ({"stop": ["x" * 10_000] * 5}, "stop", r"must be a string or a list of at most 4 non-empty strings"),
+    ({"stop": [""]}, "stop", r"must be a string or a list of at most 4 non-empty strings"),
 ]
 
 
@@ -106,9 +110,12 @@ BAD_CHATS = [
     ({"n": 0}, r"'n' must be an integer in \[1, 4\]"),
     ({"messages": [{"role": "user", "content": "\ud83d"}]}, r"messages\[0\].content holds '\\ud83d'"),
     ({"messages": [{"role": "\udc00", "content": "hi"}]}, r"messages\[0\].role holds '\\udc00'"),
-    ({"messages": [{"role": "user", "content": ["parts"]}]}, r"messages\[0\]\.content.*should be a valid string"),
+    ({"messages": [{"role": "user", "content": ["parts"]}]}, r"messages\[0\]\.content.*list of text parts.*part 0"),
     ({"messages": []}, r"messages.*at least 1 item"),
-    ({"logprobs": True}, r"logprobs are not served on /v1/chat/completions"),
+    ({"logprobs": 1}, r"logprobs'?: Input should be a valid boolean"),
+    ({"logprobs": True, "top_logprobs": 21}, r"top_logprobs'?: must be an integer in \[0, 20\]"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
+     r"tool_choice'?: 'required' and a named function are not supported"),
 ]
 
 
@@ -166,7 +173,7 @@ def test_the_command_line_limits_default_to_the_servers():
     policy = next(sub for name, sub in commands.items() if name.endswith("policy"))
     args = policy.parse_args(["--path", "x"])
     defaults = {name: p.default for name, p in inspect.signature(PolicyServer).parameters.items()}
-    for name in ("max_tokens_limit", "max_n", "max_request_rows", "max_request_tokens", "max_batch"):
+    for name in ("max_tokens_limit", "max_n", "max_request_rows", "max_request_tokens", "max_batch", "tool_parser"):
         assert getattr(args, name) == defaults[name], name
     assert policy.parse_args(["--path", "x", "--max-request-rows", "7"]).max_request_rows == 7
     with pytest.raises(SystemExit):

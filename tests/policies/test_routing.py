@@ -36,7 +36,9 @@ def checkpoint(tmp_path_factory, tiny_model, tokenizer):
 def servers(checkpoint):
     args = ["--threads", "1", "--served-model-name", NAME]
     with ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(lambda _: spawn_policy_server(checkpoint, args), range(2)))
+        # seeded apart: two members of a group sampled on the two servers differ (equal seeds would
+        # give equal replies, and the two episodes one history)
+        started = list(pool.map(lambda i: spawn_policy_server(checkpoint, [*args, "--seed", str(i)]), range(2)))
     yield started
     for s in started:
         s.stop()
@@ -65,7 +67,7 @@ def stats_rows(server):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("strategy", ["round_robin", "least_loaded"])
+@pytest.mark.parametrize("strategy", ["round_robin", "least_loaded", "sticky"])
 def test_batch_is_split_across_backends_and_keeps_row_order(servers, served_model, tokenizer, prompts, strategy):
     params = SamplingParams(max_new_tokens=4, greedy=True)
     expected = TransformersPolicy(served_model, tokenizer).generate(prompts, params)
@@ -132,6 +134,51 @@ def test_rejects_bad_arguments(tokenizer):
         RoutedPolicy([OpenAIPolicy("http://127.0.0.1:9", NAME)], strategy="random")
     with pytest.raises(ValueError, match="generate"):
         RoutedPolicy([object()])
+
+
+
+class Recorded(OpenAIPolicy):
+    """A real client that also keeps the prompts it was sent."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prompts = set()
+
+    def generate(self, prompts, params):
+        self.prompts.update(tuple(p) for p in prompts)
+        return super().generate(prompts, params)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("strategy", ["sticky", "round_robin"])
+def test_sticky_routing_keeps_each_episode_on_one_server_and_spreads_new_ones(servers, tokenizer, renderer, strategy):
+    """Multi-turn GuessNumber episodes through the collector: with ``sticky`` every turn of an
+    episode goes to the server that sampled its first turn, and the first turns are spread evenly;
+    round robin splits episodes across servers."""
+    from turnrl.rollout import RolloutCollector, Task
+
+    clients = [Recorded(s.url, NAME, tokenizer=tokenizer, retries=1, backoff_s=0.01) for s in servers]
+    routed = RoutedPolicy(clients, strategy=strategy)
+    collector = RolloutCollector(lambda: GuessNumberEnv(n=1000, max_turns=4), routed, renderer, max_context_tokens=1024,
+                                 env_workers=1)
+    # 9 episodes: an odd batch, so round robin's rotation does not line up with the episodes by chance
+    trajectories = collector.collect([Task(0), Task(1), Task(2)], 3, SamplingParams(max_new_tokens=3, temperature=1.0))
+    split, homes = 0, []
+    for t in trajectories:  # a group's members share their first prompt: the later turns tell them apart
+        later = [tuple(t.token_ids[:start]) for start, _ in t.turn_spans[1:]]
+        assert later  # multi-turn: the tiny random model never guesses right
+        holders = [{i for i, c in enumerate(clients) if p in c.prompts} for p in later]
+        assert all(len(h) == 1 for h in holders)
+        split += len(set.union(*holders)) > 1
+        homes.append(min(holders[0]))
+    if strategy == "sticky":
+        assert split == 0 and sorted(homes.count(i) for i in range(2)) == [4, 5]  # new episodes spread evenly
+        turns = sum(len(t.turn_spans) for t in trajectories)
+        assert sum(st.sticky for st in routed.stats) == turns - len(trajectories)  # every later turn stayed
+    else:
+        assert split > 0  # round robin scatters an episode's turns
+    routed.close()
 
 
 @pytest.mark.slow

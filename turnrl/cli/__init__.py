@@ -205,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     policy = commands.add_parser(
         "serve-policy", help="serve a checkpoint over an OpenAI-compatible HTTP API (for OpenAIPolicy)",
         description="Serve a transformers checkpoint with turnrl.policies.server (/v1/models, /v1/completions "
-                    "with token-id prompts and logprobs, /v1/chat/completions). Concurrent requests share generate "
+                    "with token-id prompts and logprobs, /v1/chat/completions with tools, tool calls, streaming and "
+                    "logprobs, as OpenAI clients and agents use them). Concurrent requests share generate "
                     "calls, rows taken round robin, so a large request does not hold back a small one; each request "
                     "is held to the --max-* limits. Prints 'serving policy at http://HOST:PORT' once listening; "
                     "stops cleanly on SIGINT/SIGTERM.",
@@ -231,6 +232,10 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--max-request-tokens", type=_positive_int, default=1 << 20,
                         help="most tokens one request may ask to generate, rows x max_tokens; larger ones get 400 "
                              "saying how to split them (default 1048576)")
+    policy.add_argument("--tool-parser", default="auto", metavar="NAME",
+                        help="parser of tool calls in chat replies to requests with tools: a turnrl.tools parser "
+                             "(hermes, qwen3_coder, llama3_json, ...) or auto, the one of the chat format detected "
+                             "from the tokenizer's chat template (default auto)")
     _token_env_argument(policy, "--api-key-env")
 
     model = commands.add_parser(

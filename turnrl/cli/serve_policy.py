@@ -32,7 +32,8 @@ def serve_policy(args: argparse.Namespace) -> int:
                               model_name=args.served_model_name or args.path, max_batch=args.max_batch,
                               batch_window_s=args.batch_window_ms / 1000, seed=args.seed, api_key=api_key,
                               max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
-                              max_request_rows=args.max_request_rows, max_request_tokens=args.max_request_tokens)
+                              max_request_rows=args.max_request_rows, max_request_tokens=args.max_request_tokens,
+                              tool_parser=args.tool_parser)
     except (OSError, ValueError) as e:
         print(f"turnrl serve-policy: error: {e}", file=sys.stderr)
         return EXIT_USAGE

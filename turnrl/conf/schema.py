@@ -150,10 +150,15 @@ class HTTPBackendConfig:
     model: Optional[str] = None
     # environment variable holding the servers' API key (none is sent when it is unset)
     api_key_env: str = "OPENAI_API_KEY"
-    # several servers: round_robin or least_loaded
-    route_strategy: str = "least_loaded"
-    # a folder the servers see at the same path, where each weight push is written
-    # (null: RUN_DIR/sampler/weights, right when the servers run on this machine)
+    # several servers: sticky (each episode's turns on the server that sampled its earlier turns,
+    # where its prefix is cached; new episodes to the least loaded), least_loaded or round_robin
+    route_strategy: str = "sticky"
+    # how each weight push reaches the servers: http (they fetch it from the trainer: no shared
+    # disk; vLLM started with --worker-extension-cls turnrl.serving.vllm_worker.WeightPull) or
+    # folder (they reload weights_dir themselves: a folder they see at the same path)
+    weight_transport: str = "http"
+    # where each push is written (null: RUN_DIR/sampler/weights); with weight_transport=folder,
+    # a folder the servers see at the same path
     weights_dir: Optional[str] = None
     # seconds per request before it is retried
     timeout_s: float = 120.0

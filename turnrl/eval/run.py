@@ -188,7 +188,7 @@ def run_eval(cfg: Config, target: EvalTarget | None = None, *, episodes: int, sa
         env_fn = _rewarded_by(env_fn, model, tokenizer, renderer, target.reward_model)
     tasks = heldout_tasks(episodes)
     with tempfile.TemporaryDirectory(prefix="turnrl-eval-") as workdir:  # a vLLM engine's copy of the model
-        policy = rollout_policy(cfg, model, tokenizer, workdir, seed=cfg.seed, own_copy=False)
+        policy = rollout_policy(cfg, model, tokenizer, workdir, seed=cfg.seed, own_copy=False, pushes=False)
         collector = RolloutCollector.for_run(cfg, env_fn, policy, renderer)
         total = episodes * (int(greedy) + samples)
         bar = tqdm(total=total, desc="eval", unit="episode", disable=not progress)

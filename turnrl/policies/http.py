@@ -27,10 +27,12 @@ finds them without a new field; call it on every batch right after
 ``RolloutCollector.collect`` in the trainer, before advantages are computed (evaluation
 rollouts need no check).
 
-Weight pushes: the trainer writes its weights with ``save_weights_for_push(model, folder)`` into
-a folder the server shares, and ``load_weights_from_path(folder)`` makes the server reload them
-in place (vLLM: ``POST /collective_rpc`` with ``reload_weights``, then ``POST
-/reset_prefix_cache``; needs ``VLLM_SERVER_DEV_MODE=1``).
+Weight pushes, two ways: ``load_weights_from_url`` makes the server fetch a push over HTTP from
+the trainer (``turnrl.policies.weight_push``; no file system shared; vLLM needs the worker
+extension ``turnrl.serving.vllm_worker.WeightPull``), checked before it is loaded;
+``load_weights_from_path(folder)`` makes it reload a folder it sees at the same path (vLLM's own
+``reload_weights``). Both need vLLM's ``VLLM_SERVER_DEV_MODE=1`` and end with ``POST
+/reset_prefix_cache``.
 
 ``OpenAIPolicy`` is not a ``RolloutPolicy`` (``turnrl.policies.protocol``): it is the client of
 one server and cannot push weights by itself (that needs a folder the server shares). For
@@ -62,6 +64,7 @@ from turnrl.chat.formats import turn_end_ids
 from turnrl.policies.sampling import Generation, SamplingParams
 from turnrl.policies.server_check import (PROBE_TEMPERATURES, LogprobsMode, ServedModel, context_problem, logprobs_mode,
                                           pick_model, raw_logprobs_problem, request_problem, served_models, top_logprob)
+from turnrl.serving.vllm_worker import FOLDER_METHOD, PULL_METHOD
 from turnrl.tools.executors.loop import run_sync
 from turnrl.policies.weights import save_weights
 
@@ -386,6 +389,118 @@ class OpenAIPolicy:
             raise PolicyRequestError(
                 f"{e}; the server has no weight-reload endpoint: start vLLM with VLLM_SERVER_DEV_MODE=1 (or use "
                 "turnrl serve-policy)", url=e.url, status=e.status, server_message=e.server_message) from None
+        await self._reset_prefix_cache()
+
+    def load_weights_from_url(self, url: str, *, token: str, sha256: str, size: int) -> dict:
+        """Make the server fetch a push over HTTP and load it in place: no file system shared
+        (``turnrl.policies.weight_push``; ``WeightPublisher.publish`` gives the arguments).
+
+        ``POST /collective_rpc`` ``{"method": "turnrl_pull_weights", "kwargs": {"url", "token",
+        "sha256", "size"}}``: each of the server's workers fetches the file, checks its size,
+        hash, format, names, shapes and values, and only then loads it (vLLM through the worker
+        extension ``turnrl.serving.vllm_worker.WeightPull``; ``turnrl serve-policy`` natively);
+        a failed check or fetch is answered, the server keeps its weights. Then ``POST
+        /reset_prefix_cache``.
+
+        Returns:
+            The first worker's report: ``{"ok": True, "tensors", "bytes", "seconds"}``.
+
+        Raises:
+            PolicyRequestError: The server refused or failed the push (the message says why;
+                it serves the weights it had), or cannot take pushes over HTTP (the message
+                says how to start it).
+            PolicyUnavailableError: The server did not answer.
+        """
+        return run_sync(self.aload_weights_from_url(url, token=token, sha256=sha256, size=size))
+
+    async def aload_weights_from_url(self, url: str, *, token: str, sha256: str, size: int) -> dict:
+        """``load_weights_from_url`` as a coroutine."""
+        report = await self._worker_call(PULL_METHOD, {"url": url, "token": token, "sha256": sha256,
+                                                       "size": str(size)})
+        await self._reset_prefix_cache()
+        return report
+
+    def load_weights_on_server(self, path: str | os.PathLike) -> dict:
+        """Make the server load the ``*.safetensors`` of ``path``, a folder on ITS file system,
+        checked first as ``load_weights_from_url`` checks a fetched push (a folder the server
+        does not see is answered, not fatal as vLLM's own ``reload_weights`` is). Needs the
+        same server support; returns the first worker's report; raises as that does."""
+        return run_sync(self.aload_weights_on_server(path))
+
+    async def aload_weights_on_server(self, path: str | os.PathLike) -> dict:
+        """``load_weights_on_server`` as a coroutine."""
+        report = await self._worker_call(FOLDER_METHOD, {"path": str(path)})
+        await self._reset_prefix_cache()
+        return report
+
+    def check_weight_pull(self) -> None:
+        """Check that the server takes pushes over HTTP (``load_weights_from_url``) before any
+        work: an empty pull, which a server with the support answers as a failed fetch.
+
+        Raises:
+            PolicyRequestError: It has no ``/collective_rpc`` (vLLM without
+                ``VLLM_SERVER_DEV_MODE=1``) or no ``turnrl_pull_weights`` (vLLM without
+                ``--worker-extension-cls turnrl.serving.vllm_worker.WeightPull``), saying so.
+        """
+        run_sync(self._worker_call(PULL_METHOD, {"url": "", "token": "", "sha256": "", "size": ""}, probe=True))
+
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """``(queries, hits)``: the tokens the server looked up in its prefix cache and found
+        there since it started (vLLM's ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``
+        counters on ``GET /metrics``, summed over its engines), or None when it exports none
+        (``serve-policy``, or an unreachable ``/metrics``)."""
+        return run_sync(self.aprefix_cache_counters())
+
+    async def aprefix_cache_counters(self) -> tuple[float, float] | None:
+        """``prefix_cache_counters`` as a coroutine."""
+        import httpx
+
+        client, _ = self._client()
+        url = self.api_url.removesuffix("/v1") + "/metrics"
+        try:
+            response = await client.get(url, headers=self._headers, timeout=self.timeout_s)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return prefix_cache_counters(response.text)
+
+    async def _worker_call(self, method: str, kwargs: dict, probe: bool = False) -> dict:
+        """``POST /collective_rpc`` of one of ``turnrl.serving.vllm_worker``'s methods; every
+        worker's report must be ok (``probe``: only that the method exists)."""
+        root = self.api_url.removesuffix("/v1")
+        url = f"{root}/collective_rpc"
+        start = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                 "turnrl.serving.vllm_worker.WeightPull (turnrl installed beside it), or use turnrl serve-policy")
+        try:
+            reply = await self._post(url, {"method": method, "kwargs": kwargs}, retry_server_errors=False)
+        except PolicyRequestError as e:
+            if e.status == 404:
+                raise PolicyRequestError(f"{e}; the server takes no weight pushes: {start}", url=e.url,
+                                         status=e.status, server_message=e.server_message) from None
+            raise
+        except PolicyUnavailableError as e:
+            if e.status is not None and method in (e.server_message or ""):  # vLLM: the worker has no such method
+                raise PolicyRequestError(f"the server at {root} cannot take weight pushes over the network ({method} "
+                                         f"is unknown to its workers): {start}", url=url, status=e.status,
+                                         server_message=e.server_message) from None
+            raise
+        results = reply.get("results") if isinstance(reply, Mapping) else None
+        if not isinstance(results, list) or not results or not all(isinstance(r, Mapping) for r in results):
+            raise PolicyResponseError(f"{url} answered {str(reply)[:200]!r} to {method}; expected {{'results': "
+                                      "[{'ok': ...}, ...]}} (one report per worker)", url=url, status=200)
+        if probe:
+            return dict(results[0])
+        failed = [r for r in results if r.get("ok") is not True]
+        if failed:
+            raise PolicyRequestError(f"the server at {root} did not take the weights: {failed[0].get('error')!s:.600} "
+                                     "(it keeps serving the weights it had)", url=url, status=200,
+                                     server_message=str(failed[0].get("error")))
+        return dict(results[0])
+
+    async def _reset_prefix_cache(self) -> None:
+        """``POST /reset_prefix_cache`` after a reload, retried while running requests hold blocks."""
+        root = self.api_url.removesuffix("/v1")
         url = f"{root}/reset_prefix_cache"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -566,6 +681,23 @@ class OpenAIPolicy:
                 entry = (httpx.AsyncClient(limits=limits, trust_env=False), asyncio.Semaphore(self.max_concurrency))
                 self._clients[loop] = entry
             return entry
+
+
+def prefix_cache_counters(text: str) -> tuple[float, float] | None:
+    """``(queries, hits)`` from a Prometheus text exposition (vLLM's ``/metrics``): the sums of
+    every ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` sample; None
+    when there is neither."""
+    totals = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
+    seen = False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            try:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                continue
+    return (totals["vllm:prefix_cache_queries_total"], totals["vllm:prefix_cache_hits_total"]) if seen else None
 
 
 def save_weights_for_push(model, path: str | os.PathLike) -> Path:

@@ -33,11 +33,12 @@ import torch
 
 from turnrl.policies.http import PolicyResponseError
 from turnrl.policies.sampling import Generation, SamplingParams
+from turnrl.policies.sessions import SessionMap
 
 __all__ = ["BackendStats", "RoutedPolicy", "STRATEGIES"]
 
-Strategy = Literal["round_robin", "least_loaded"]
-STRATEGIES: tuple[str, ...] = ("round_robin", "least_loaded")
+Strategy = Literal["sticky", "round_robin", "least_loaded"]
+STRATEGIES: tuple[str, ...] = ("sticky", "round_robin", "least_loaded")
 BACKEND_FAILURES: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, PolicyResponseError)
 """Exceptions that mean "this backend is down": its rows are retried on another backend."""
 
@@ -49,6 +50,8 @@ class BackendStats:
     rows: int = 0  # rows it generated
     failures: int = 0  # calls that failed with a backend failure
     in_flight: int = 0  # rows it is generating now
+    routed: int = 0  # rows sent to it (a retried row counts again)
+    sticky: int = 0  # of them, rows sent because it sampled their prefix (strategy "sticky")
     last_error: str | None = None  # the last failure, as text
     down_until: float = 0.0  # time.monotonic() before which routing skips it
 
@@ -60,7 +63,11 @@ class RoutedPolicy:
         policies: the backends, each with ``generate(prompts, params) -> list[Generation]``.
         strategy: ``"round_robin"``: row after row to the next backend (the rotation goes on
             across calls); ``"least_loaded"``: each row to the backend with the fewest rows in
-            flight (counting every caller of this policy and the rows already assigned).
+            flight (counting every caller of this policy and the rows already assigned);
+            ``"sticky"``: session-affine least-loaded: a row whose prompt extends a sequence a
+            backend sampled (the same episode's earlier turn: ``turnrl.policies.sessions``) goes
+            to that backend, where its prefix is cached; a new one (or one whose backend is
+            failing) goes to the least loaded. ``stats[i].sticky`` counts the rows that stayed.
         cooldown_s: seconds a failed backend is left out of routing (when every backend is
             cooling down, all are tried again).
 
@@ -83,6 +90,7 @@ class RoutedPolicy:
         self.stats = [BackendStats() for _ in policies]
         self._cursor = 0
         self._lock = threading.Lock()
+        self.sessions = SessionMap() if strategy == "sticky" else None
         self._pool = ThreadPoolExecutor(max_workers=4 * len(policies), thread_name_prefix="turnrl-route")
 
     def __repr__(self) -> str:
@@ -98,7 +106,7 @@ class RoutedPolicy:
         results: list[Generation | None] = [None] * len(prompts)
         pending, failed = list(range(len(prompts))), set()
         while pending:
-            assignment = self._assign(pending, failed)
+            assignment = self._assign(pending, failed, prompts)
             if not assignment:
                 errors = "; ".join(f"backend {i} ({self.policies[i]!r}): {self.stats[i].last_error}" for i in failed)
                 raise ConnectionError(f"every policy backend failed; {errors}")
@@ -121,6 +129,8 @@ class RoutedPolicy:
                                        "prompts")
                 for r, gen in zip(rows, generations):
                     results[r] = gen
+                    if self.sessions is not None:
+                        self.sessions.record(list(prompts[r]) + list(gen.token_ids), backend)
             if fatal is not None:
                 raise fatal
             pending.sort()
@@ -206,8 +216,9 @@ class RoutedPolicy:
         return list(self.policies)
 
     # -------------------------------------------------------------- routing
-    def _assign(self, rows: list[int], failed: set[int]) -> dict[int, list[int]]:
+    def _assign(self, rows: list[int], failed: set[int], prompts: list[list[int]]) -> dict[int, list[int]]:
         """Rows per backend (in row order), among backends not failed in this call; counts them in flight."""
+        owners = {r: self.sessions.owner(prompts[r]) for r in rows} if self.sessions is not None else {}
         now = time.monotonic()
         with self._lock:
             usable = [i for i in range(len(self.policies)) if i not in failed]
@@ -217,7 +228,11 @@ class RoutedPolicy:
                 return {}
             assignment: dict[int, list[int]] = {}
             for row in rows:
-                if self.strategy == "round_robin":
+                owner = owners.get(row)
+                if owner is not None and owner in healthy:
+                    backend = owner
+                    self.stats[backend].sticky += 1
+                elif self.strategy == "round_robin":
                     backend = candidates[self._cursor % len(candidates)]
                     self._cursor += 1
                 else:
@@ -226,6 +241,7 @@ class RoutedPolicy:
                     backend = min(order, key=lambda i: self.stats[i].in_flight)
                     self._cursor += 1
                 self.stats[backend].in_flight += 1
+                self.stats[backend].routed += 1
                 assignment.setdefault(backend, []).append(row)
             return assignment
 

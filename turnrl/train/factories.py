@@ -25,9 +25,9 @@ from turnrl.rollout.env_calls import DeadlineEnv
 from turnrl.train.warm_start import warmstart_seed
 from turnrl.conf.validate import advantage_kwargs_problem
 from turnrl.envs.remote import RemoteEnv
-from turnrl.policies.http import OpenAIPolicy
+from turnrl.policies.http import OpenAIPolicy, PolicyRequestError
 from turnrl.policies.routing import STRATEGIES
-from turnrl.policies.served import ServedPolicy
+from turnrl.policies.served import TRANSPORTS, ServedPolicy
 from turnrl.policies.vllm_engine import VLLMPolicy
 
 
@@ -145,7 +145,8 @@ def build_agent(cfg: Config, env_fn: Callable[[], gymnasium.Env]):
     return build_tiny_model(agent.model, tokenizer, seed=warmstart_seed(cfg)), tokenizer
 
 
-def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool) -> RolloutPolicy:
+def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int, own_copy: bool,
+                   pushes: bool = True) -> RolloutPolicy:
     """The policy that samples training rollouts (``cfg.agent.backend``), a ``RolloutPolicy``
     for every backend (``turnrl.policies.protocol``: the caller needs no backend-specific code).
 
@@ -156,7 +157,9 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
     ``max_model_len`` is ``agent.max_context_tokens``); ``http``: a
     ``ServedPolicy`` over the servers of ``cfg.agent.http``, weight pushes written to
     ``agent.http.weights_dir`` (default ``workdir/weights``). All but the first take the
-    learner's weights with ``sync_from(model)`` (or ``load_weights(merged_state_dict(model))``).
+    learner's weights with ``sync_from(model)`` (or ``load_weights(merged_state_dict(model))``);
+    ``pushes=False`` (an evaluation of what the servers serve) skips the start-up check that
+    they take weight pushes.
 
     Raises:
         ValueError: On an unknown backend.
@@ -180,18 +183,22 @@ def rollout_policy(cfg: Config, model, tokenizer, workdir: str | Path, seed: int
                              "servers (vLLM with VLLM_SERVER_DEV_MODE=1, or `python -m turnrl serve-policy`)")
         if h.route_strategy not in STRATEGIES:
             raise ValueError(f"agent.http.route_strategy must be one of {STRATEGIES}, got {h.route_strategy!r}")
+        if h.weight_transport not in TRANSPORTS:
+            raise ValueError(f"agent.http.weight_transport must be one of {TRANSPORTS}, got {h.weight_transport!r}")
         servers = [OpenAIPolicy(url, h.model, mode="tokens", api_key_env=h.api_key_env, timeout_s=h.timeout_s,
                                 max_concurrency=h.max_concurrency, tokenizer=tokenizer) for url in h.base_urls]
-        check_servers(cfg, servers, tokenizer)
+        check_servers(cfg, servers, tokenizer, pushes)
         return ServedPolicy(servers, h.weights_dir or Path(workdir) / "weights", unwrap_model(model).config,
-                            h.route_strategy)
+                            h.route_strategy, h.weight_transport)
     raise ValueError(f"agent.backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def check_servers(cfg: Config, servers: Sequence[OpenAIPolicy], tokenizer) -> None:
+def check_servers(cfg: Config, servers: Sequence[OpenAIPolicy], tokenizer, pushes: bool = True) -> None:
     """Before any work: each rollout server serves ``agent.http.model`` (null: its only model),
-    holds ``agent.max_context_tokens``, and reports logprobs after temperature when the run
-    samples at a temperature other than 1 (``OpenAIPolicy.check``).
+    holds ``agent.max_context_tokens``, reports logprobs after temperature when the run
+    samples at a temperature other than 1 (``OpenAIPolicy.check``), and, when ``pushes`` with
+    ``agent.http.weight_transport=http``, takes weight pushes over the network
+    (``OpenAIPolicy.check_weight_pull``).
 
     Raises:
         ValueError: Naming the setting or the server flag to change.
@@ -204,6 +211,12 @@ def check_servers(cfg: Config, servers: Sequence[OpenAIPolicy], tokenizer) -> No
     for server in servers:
         server.check(max_context_tokens=a.max_context_tokens, temperature=temperature, prompt=list(prompt),
                      context_key="agent.max_context_tokens", temperature_key="agent.temperature")
+        if pushes and a.http.weight_transport == "http":
+            try:
+                server.check_weight_pull()
+            except PolicyRequestError as e:
+                raise ValueError(f"{e}; or push through a shared folder: agent.http.weight_transport=folder "
+                                 "agent.http.weights_dir=A_FOLDER_THE_SERVERS_SEE") from e
 
 
 def advantage_fn(cfg: Config):

@@ -141,7 +141,7 @@ class Recorder:
         metrics = {**rollout_metrics(trajectories), **update, "kl_coef": coefs.kl_coef, "entropy_coef": coefs.entropy_coef,
                    "temperature": coefs.temperature, **credited.metrics,
                    "policy_lag": float(rollouts.staleness), "step_time": time.perf_counter() - started,
-                   "rollout_time": rollouts.rollout_time, "rollout_wait": waited}
+                   "rollout_time": rollouts.rollout_time, "rollout_wait": waited, **self.source.sampler_metrics()}
         metrics["nonfinite_updates_total"] = nonfinite_total(self.result.train, metrics)
         self.result.train.append({"step": step, **metrics})
         self.run.logger.log(step, metrics)

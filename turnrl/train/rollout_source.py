@@ -74,6 +74,12 @@ class _Source:
                                               self.sampling_at(step))
         return RolloutBatch(step, step - 1, tasks, trajectories, time.perf_counter() - t0)
 
+    def sampler_metrics(self) -> dict[str, float]:
+        """The sampler's own figures since the last call (rollout servers: their prefix-cache hit
+        rate and sticky routing, ``ServedPolicy.step_metrics``); {} for samplers without any."""
+        metrics = getattr(self.sampler, "step_metrics", None)
+        return metrics() if callable(metrics) else {}
+
     def state(self) -> dict:
         """``{"task_rng", "policy_rng"}``: the data cursor and the sampler's RNG."""
         return {"task_rng": self.tasks.rng.bit_generator.state, "policy_rng": self.sampler.rng_state()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from transformers import DynamicCache
@@ -19,6 +19,11 @@ from turnrl.policies.hf.prefix_cache import CachedPrefix, PrefixCache
 from turnrl.policies.hf.row_cache import RowCache
 from turnrl.policies.sampling import Generation, SamplingParams
 from turnrl.policies.weights import merged_state_dict, unwrap_model
+
+OnToken = Callable[[int, int, float, "list[tuple[int, float]] | None"], bool]
+"""``TransformersPolicy.generate``'s per-token callback: ``on_token(row, token_id, logprob, top)``
+for each token as it is sampled (``top``: the step's ``(id, logprob)`` alternatives with
+``SamplingParams.top_logprobs``, else None); a true return ends the row's turn there."""
 
 
 class TransformersPolicy:
@@ -180,7 +185,8 @@ class TransformersPolicy:
                              f"{missing[:3]}, and {len(unknown)} unknown, e.g. {unknown[:3]}{hint}")
         self.model.load_state_dict(state)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, on_token: OnToken | None = None,
+                 generator: torch.Generator | None = None) -> list[Generation]:
         """Sample one assistant turn for each prompt.
 
         Runs in ``torch.inference_mode`` (no autograd bookkeeping; on the TRL benchmark's tool
@@ -192,6 +198,13 @@ class TransformersPolicy:
         Args:
             prompts: ``B`` lists of token ids, each ending with the generation prompt.
             params: sampling parameters.
+            on_token: called as ``on_token(row, token_id, logprob, top)`` for each token of
+                row ``row`` (an index into ``prompts``) right after it is sampled, end-of-turn
+                ids included (``OnToken``), on this thread; when it returns true the row's turn
+                ends after that token (``finish_reason`` ``"stop"``), as at an end-of-turn id. For
+                streaming and stop strings; None (the default) adds no per-token work.
+            generator: the random generator to draw from (a request's own seed); default the
+                policy's (``seed``).
 
         Returns:
             ``B`` generations, in the order of ``prompts``.
@@ -199,26 +212,28 @@ class TransformersPolicy:
         if not prompts:
             return []
         with torch.inference_mode(), gqa_attention(self.model):
-            generations = self._generate(prompts, params)
+            generations = self._generate(prompts, params, _Hooks(on_token, self.generator if generator is None else generator))
         _normal_buffers(self.model)
         return generations
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, hooks: _Hooks) -> list[Generation]:
         was_training = self.model.training
         self.model.eval()
         try:
             if isinstance(self.cache, RowCache):
-                sampled, logprobs = self._generate_rows(prompts, params)
+                sampled, logprobs = self._generate_rows(prompts, params, hooks)
             else:
-                sampled, logprobs = self._generate_call(prompts, params)
+                sampled, logprobs = self._generate_call(prompts, params, hooks)
         finally:
             self.model.train(was_training)
+        tops = hooks.tops or [None] * len(sampled)
         return [
-            Generation(ids, lps, "stop" if ids and ids[-1] in self.stop_ids else "length")
-            for ids, lps in zip(sampled, logprobs)
+            Generation(ids, lps, "stop" if ids and (ids[-1] in self.stop_ids or row in hooks.stopped) else "length",
+                       top_logprobs=top)
+            for row, (ids, lps, top) in enumerate(zip(sampled, logprobs, tops))
         ]
 
-    def _generate_call(self, prompts: list[list[int]], params: SamplingParams) -> tuple[list, list]:
+    def _generate_call(self, prompts: list[list[int]], params: SamplingParams, hooks: _Hooks) -> tuple[list, list]:
         """One call in a cache of its own: each row's cached prefix (``PrefixCache``) copied in,
         its keys and values copied out into the prefix cache after."""
         hits = self._even_out(prompts, self._share_prompts(prompts, self._lookup(prompts)))
@@ -243,11 +258,11 @@ class TransformersPolicy:
             next_position = next_position + 1
             return logits
 
-        sampled, logprobs = self._sample(logits, params, step)
+        sampled, logprobs = self._sample(logits, params, step, hooks)
         self._keep(prompts, sampled, attention, past)
         return sampled, logprobs
 
-    def _generate_rows(self, prompts: list[list[int]], params: SamplingParams) -> tuple[list, list]:
+    def _generate_rows(self, prompts: list[list[int]], params: SamplingParams, hooks: _Hooks) -> tuple[list, list]:
         """One call on the ``RowCache``: each prompt runs in its row, after the history kept there
         (``turnrl.policies.hf.row_cache``); the call's new keys and values stay in the rows."""
         cache = self.cache
@@ -280,36 +295,55 @@ class TransformersPolicy:
                 lengths[row] += not done
             return logits
 
-        sampled, logprobs = self._sample(logits, params, step)
+        sampled, logprobs = self._sample(logits, params, step, hooks)
         for row, (prompt, end) in enumerate(zip(prompts, ends)):
             cache.ids[row] = prompt + sampled[row][:lengths[row] - end]
         cache.end_call()
         return sampled, logprobs
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams, step) -> tuple[list, list]:
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, step, hooks: _Hooks) -> tuple[list, list]:
         """Up to ``params.max_new_tokens`` tokens a row from the prefill's ``logits`` ``[B, V]``:
         ``step(tokens, finished)`` feeds ``tokens`` ``[B]`` (padding on rows that ``finished``,
         ``[B]`` bool, marks) and returns the next logits. A row stops at an end-of-turn id, which
-        is not fed. Returns each row's sampled ids and their logprobs."""
+        is not fed, or where ``hooks.on_token`` says so (that row goes into ``hooks.stopped``).
+        Returns each row's sampled ids and their logprobs (and fills ``hooks.tops`` with
+        ``params.top_logprobs``)."""
         batch = logits.shape[0]
         sampled = [[] for _ in range(batch)]
         logprobs = [[] for _ in range(batch)]
         live = list(range(batch))  # rows still sampling (the same as ~finished, on the host)
         stops = set(self.stop_ids)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        generator, on_token, top_k = hooks.generator, hooks.on_token, params.top_logprobs
+        nucleus = params.top_p < 1.0
+        tops = hooks.tops = [[] for _ in range(batch)] if top_k else None
+        top = [None] * batch
         for _ in range(params.max_new_tokens):
             if params.greedy:
                 logp = torch.log_softmax(logits, dim=-1)
                 tokens = logp.argmax(dim=-1)
             else:
                 logp = torch.log_softmax(logits if params.temperature == 1.0 else logits / params.temperature, dim=-1)
-                tokens = sample_categorical(logp.exp(), self.generator)
+                if nucleus:
+                    logp = top_p_logprobs(logp, params.top_p)
+                tokens = sample_categorical(logp.exp(), generator)
             chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
             token_list, chosen_list = tokens.tolist(), chosen.tolist()  # one host copy per step, not per row
             for row in live:
                 sampled[row].append(token_list[row])
                 logprobs[row].append(chosen_list[row])
             ended = [row for row in live if token_list[row] in stops]
+            if top_k:
+                values, ids = logp.topk(top_k, dim=-1)
+                values, ids = values.tolist(), ids.tolist()
+                for row in live:  # ids of probability 0 (outside the nucleus) left out
+                    top[row] = [(i, v) for i, v in zip(ids[row], values[row]) if v > -math.inf]
+                    tops[row].append(top[row])
+            if on_token is not None:
+                for row in live:
+                    if on_token(row, token_list[row], chosen_list[row], top[row]) and token_list[row] not in stops:
+                        ended.append(row)
+                        hooks.stopped.add(row)
             if ended:
                 live = [row for row in live if row not in ended]
                 finished[ended] = True
@@ -535,6 +569,31 @@ def _prefixes(fed: list[list[int]], attention: torch.Tensor, past) -> list[Cache
         keep = attention[row].nonzero().flatten()
         entries.append(CachedPrefix(tuple(ids[:len(keep)]), [(k[row][:, keep], v[row][:, keep]) for k, v in kv]))
     return entries
+
+
+class _Hooks:
+    """What one ``generate`` call adds to plain sampling: the generator to draw from, the
+    per-token callback, and what they leave (rows the callback ended, top alternatives)."""
+
+    __slots__ = ("generator", "on_token", "stopped", "tops")
+
+    def __init__(self, on_token: OnToken | None, generator: torch.Generator) -> None:
+        self.on_token, self.generator = on_token, generator
+        self.stopped: set[int] = set()
+        self.tops: list[list[list[tuple[int, float]]]] | None = None
+
+
+def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logp`` ``[B, V]`` (log-probabilities) cut to each row's nucleus and renormalised: the
+    smallest set of most likely ids whose probability sums to at least ``top_p`` keeps its
+    logprobs less the log of that sum; every other id gets ``-inf`` (probability 0). The most
+    likely id is always kept. As vLLM's top-p: the sampled id's logprob is its log-probability
+    under the renormalised distribution it is drawn from."""
+    probs = logp.exp()
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # the mass of the ids more likely than each
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before >= top_p)
+    return torch.log_softmax(logp.masked_fill(drop, -math.inf), dim=-1)
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
