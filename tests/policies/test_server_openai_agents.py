@@ -5,19 +5,21 @@ rendered by the chat template, histories with ``tool_calls`` and ``tool`` messag
 Two in-process servers on loopback, both with a Qwen2.5 family tokenizer (its real TRL chat
 template, which renders ``tools=`` and assistant ``tool_calls``):
 
-* ``scripted``: a stand-in causal LM whose reply is scripted from the conversation (a call of
-  ``add`` per tool result so far, then an answer), so the tool-call path runs on known text;
-  everything but the model (sampler, batcher, server, parser) is the real code.
+* ``scripted``: a tiny Qwen2 built from a config and taught by teacher forcing (a few dozen Adam
+  steps, seconds) the replies of one tool loop: a call of ``add`` per tool result so far, then an
+  answer (``scripted_reply``), after the prompts the server renders for that loop. Requested
+  greedily (``temperature=0``) it writes them exactly (the fixture checks), so the tool-call path
+  runs on known text through the real model, sampler, batcher, server and parser.
 * ``server``: a tiny random-init Qwen2 built from a config, for everything numeric (logprobs
   against the learner's, streaming against whole replies, seeds, top_p, stop strings), and a
   round trip of whatever it samples through the parser.
 """
 
 import json
+import random
 import re
 import threading
 import time
-from types import SimpleNamespace
 
 import httpx
 import openai
@@ -27,7 +29,7 @@ import torch
 from turnrl.chat.families import family_tokenizer
 from turnrl.models.tiny_checkpoints import build_model
 from turnrl.policies.hf.policy import TransformersPolicy
-from turnrl.policies.openai_chat import ChoiceText, template_messages
+from turnrl.policies.openai_chat import ChoiceText, ToolParam, template_messages, template_tools
 from turnrl.policies.sampling import SamplingParams
 from turnrl.policies.server import ChatMessage, PolicyServer
 from turnrl.tools import get_parser
@@ -62,48 +64,93 @@ def tok():
     return family_tokenizer("qwen2_5", texts, vocab_size=700)
 
 
-class ScriptedLM(torch.nn.Module):
-    """A causal LM for ``TransformersPolicy`` whose next token is scripted: after the last
-    ``<|im_start|>assistant\\n`` of a row it writes ``scripted_reply(<tool results before it>)``,
-    then the end-of-turn id. Its logits put +30 on the scripted id and 0 elsewhere (so sampling
-    at temperature 1 picks it all but surely). It has no config: the policy runs its forward
-    whole (no KV buffer, no prefix cache); its "cache" holds each row's tokens."""
+def loop_history(results: int, call_ids: list[str]) -> list[dict]:
+    """The conversation the tool loop sends after ``results`` tool results: ``USER``, then per
+    round the assistant message as the server returns it (content ``Step k.``, one ``add`` call
+    with JSON-text arguments, id ``call_ids[k - 1]``) and the tool's result ``k + 2``."""
+    messages = [USER]
+    for k in range(1, results + 1):
+        call = {"id": call_ids[k - 1], "type": "function",
+                "function": {"name": "add", "arguments": json.dumps({"a": k, "b": 2})}}
+        messages += [{"role": "assistant", "content": f"Step {k}.", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": str(k + 2)}]
+    return messages
 
-    def __init__(self, tokenizer):
-        super().__init__()
-        self.tokenizer = tokenizer
-        self.embed = torch.nn.Embedding(len(tokenizer), 1)
-        self.opener = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        self.config = None
 
-    def get_input_embeddings(self):
-        return self.embed
+def served_prompt(tok, messages: list[dict]) -> list[int]:
+    """The prompt ids ``PolicyServer`` renders for ``messages`` with ``TOOLS``: the same
+    ``template_messages``/``template_tools``, chat template and encoding."""
+    tools = template_tools([ToolParam.model_validate(t) for t in TOOLS])
+    text = tok.apply_chat_template(template_messages([ChatMessage.model_validate(m) for m in messages]), tools=tools,
+                                   tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
 
-    def next_id(self, history: list[int]) -> int:
-        """The scripted id after ``history``."""
-        k = len(self.opener)
-        starts = [i + k for i in range(len(history) - k + 1) if history[i:i + k] == self.opener]
-        if not starts:
-            return self.tokenizer.eos_token_id
-        results = self.tokenizer.decode(history[:starts[-1]], skip_special_tokens=False).count("<tool_response>")
-        script = self.tokenizer(scripted_reply(results), add_special_tokens=False)["input_ids"]
-        written = len(history) - starts[-1]
-        return script[written] if written < len(script) else self.tokenizer.eos_token_id
 
-    def forward(self, input_ids, attention_mask=None, past_key_values=None, **kwargs):
-        batch, width = input_ids.shape
-        rows = past_key_values.rows if past_key_values is not None else [[] for _ in range(batch)]
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask[:, -width:]
-        logits = torch.zeros(batch, 1, len(self.tokenizer))
-        for b in range(batch):
-            rows[b] += [t for t, m in zip(input_ids[b].tolist(), mask[b].tolist()) if m]
-            logits[b, 0, self.next_id(rows[b])] = 30.0
-        return SimpleNamespace(logits=logits, past_key_values=SimpleNamespace(rows=rows))
+def script_prompts(tok) -> list[list[int]]:
+    """The prompt of each round of the tool loop (``k`` = 0..CALLS tool results so far). The server
+    draws each call's id (``call_<random>``), but the chat template does not render ids: every
+    set of ids renders the same prompt (checked here on three random sets)."""
+    rng = random.Random(0)
+    prompts = []
+    for k in range(CALLS + 1):
+        renders = {tuple(served_prompt(tok, loop_history(k, [f"call_{rng.getrandbits(64):016x}" for _ in range(k)])))
+                   for _ in range(3)}
+        assert len(renders) == 1, "the chat template renders tool_call ids: train on the ids the loop will send"
+        prompts.append(list(renders.pop()))
+    return prompts
+
+
+def teach_script(tok, prompts: list[list[int]], lr: float = 3e-3, max_steps: int = 600, margin: float = 2.0):
+    """A tiny Qwen2 (built from a config, seed 0) taught by teacher forcing to reply
+    ``scripted_reply(k)`` and the end-of-turn id after ``prompts[k]``, with Adam until each reply
+    token is the argmax by ``margin`` logits (so greedy decoding writes every reply). The rounds
+    nest (each round's prompt and reply begin the next round's prompt), so it trains on one
+    sequence, the last round's, with the loss on every reply's tokens. Returns the model (eval
+    mode) and the steps taken."""
+    replies = [tok(scripted_reply(k), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+               for k in range(len(prompts))]
+    ids = prompts[-1] + replies[-1]
+    targets = [-100] * len(ids)
+    for prompt, reply in zip(prompts, replies):
+        assert ids[:len(prompt) + len(reply)] == prompt + reply, "a round's prompt and reply do not begin the next's"
+        targets[len(prompt):len(prompt) + len(reply)] = reply
+    ids, targets = torch.tensor([ids]), torch.tensor(targets[1:])  # position t predicts token t + 1
+    scored = targets != -100
+    model = build_model("qwen2", tok, hidden=64, layers=2, heads=2, kv_heads=1, max_positions=1024, seed=0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for step in range(max_steps + 1):
+        logits = model(input_ids=ids).logits[0, :-1][scored]
+        with torch.no_grad():
+            right = logits.gather(-1, targets[scored, None]).squeeze(-1)
+            others = logits.scatter(-1, targets[scored, None], float("-inf")).amax(-1)
+        if bool((right - others > margin).all()) or step == max_steps:
+            break
+        loss = torch.nn.functional.cross_entropy(logits, targets[scored])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model.eval(), step
 
 
 @pytest.fixture(scope="module")
 def scripted(tok):
-    with PolicyServer(ScriptedLM(tok), tok, model_name="scripted", batch_window_s=0) as srv:
+    """A server of a tiny Qwen2 taught the tool loop's replies (``teach_script``), checked to
+    write each of them greedily through the policy the server samples with."""
+    prompts = script_prompts(tok)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 64-wide model: one thread beats threads contending on a loaded machine
+    try:
+        start = time.monotonic()
+        model, steps = teach_script(tok, prompts)
+        seconds = time.monotonic() - start
+        gens = TransformersPolicy(model, tok, seed=0).generate(prompts, SamplingParams(max_new_tokens=64, greedy=True))
+    finally:
+        torch.set_num_threads(threads)
+    written = [tok.decode(g.token_ids, skip_special_tokens=False) for g in gens]
+    expected = [scripted_reply(k) + tok.eos_token for k in range(CALLS + 1)]
+    assert written == expected, f"after {steps} steps ({seconds:.1f} s) the taught model writes {written}, not {expected}"
+    with PolicyServer(model, tok, model_name="scripted", batch_window_s=0) as srv:
         yield srv
 
 
@@ -141,7 +188,8 @@ def test_an_openai_tool_calling_loop_runs_three_rounds(scripted):
     client = client_of(scripted)
     messages = [USER]
     for round_ in range(1, CALLS + 1):
-        reply = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, tool_choice="auto")
+        reply = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, tool_choice="auto",
+                                               temperature=0)
         choice = reply.choices[0]
         message = choice.message
         assert choice.finish_reason == "tool_calls" and message.content == f"Step {round_}."
@@ -150,10 +198,11 @@ def test_an_openai_tool_calling_loop_runs_three_rounds(scripted):
         assert json.loads(call.function.arguments) == {"a": round_, "b": 2}
         messages.append(message)  # as agents append it: the client's own message object
         messages.append({"role": "tool", "tool_call_id": call.id, "content": str(round_ + 2)})
-    final = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS)
+    final = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, temperature=0)
     assert final.choices[0].finish_reason == "stop" and final.choices[0].message.content == "The sum is 9."
     assert final.choices[0].message.tool_calls is None
-    none = client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS, tool_choice="none")
+    none = client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS, tool_choice="none",
+                                          temperature=0)
     text = scripted_reply(0).replace("<tool_call>", "").replace("</tool_call>", "")  # special tokens skipped
     assert none.choices[0].message.content == text and none.choices[0].message.tool_calls is None
     assert none.choices[0].finish_reason == "stop"
@@ -187,9 +236,9 @@ def test_the_rendered_prompt_is_the_template_of_the_history_with_parsed_argument
 
 def test_a_streamed_tool_call_is_the_whole_reply(scripted):
     client = client_of(scripted)
-    whole = client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS)
-    chunks = list(client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS, stream=True,
-                                                 stream_options={"include_usage": True}))
+    whole = client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS, temperature=0)
+    chunks = list(client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
