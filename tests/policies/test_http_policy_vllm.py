@@ -363,5 +363,8 @@ def test_a_raw_logprobs_server_is_refused_at_a_temperature_other_than_1(raw_serv
     cfg.agent.max_context_tokens, cfg.agent.temperature = 512, 0.7
     with pytest.raises(ValueError, match=r"agent.temperature=0.7 .*--logprobs-mode processed_logprobs"):
         check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)
-    cfg.agent.temperature = 1.0
-    check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)
+    cfg.agent.temperature = 1.0  # raw logprobs are right at T=1; what is left is the weight pushes it cannot take
+    with pytest.raises(ValueError, match=r"--worker-extension-cls turnrl.serving.vllm_worker.WeightPull.*"
+                                         r"agent.http.weight_transport=folder"):
+        check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer)
+    check_servers(cfg, [OpenAIPolicy(raw_server, tokenizer=tokenizer)], tokenizer, pushes=False)  # an evaluation
