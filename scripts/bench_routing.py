@@ -49,20 +49,23 @@ from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 
 
-def _start(checkpoint: Path, log: Path, max_model_len: int) -> tuple[str, subprocess.Popen]:
+def start_vllm(checkpoint: Path, log: Path, max_model_len: int, *extra: str) -> tuple[str, subprocess.Popen]:
+    """A vLLM server on ``checkpoint`` (dev mode, one thread, processed logprobs, blocks of 32,
+    ``extra`` flags) on a free loopback port, output to ``log``: ``(url, process)``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
                "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager",
-               "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--block-size", "32"]
+               "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--block-size", "32", *extra]
     proc = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"})
     return f"http://127.0.0.1:{port}", proc
 
 
-def _wait(url: str, proc: subprocess.Popen, log: Path) -> None:
+def wait_vllm(url: str, proc: subprocess.Popen, log: Path) -> None:
+    """Wait until ``url``'s ``/health`` answers (raise with the log's tail if it exits)."""
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -84,7 +87,7 @@ def run(args) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="turnrl-bench-routing-"))
     model.save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
-    servers = [_start(workdir / "model", workdir / f"vllm{i}.log", args.max_model_len) for i in range(args.servers)]
+    servers = [start_vllm(workdir / "model", workdir / f"vllm{i}.log", args.max_model_len) for i in range(args.servers)]
     renderer = ChatRenderer(tokenizer)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     strategies = [s for s in ("sticky", "round_robin", "least_loaded") if s in STRATEGIES]
@@ -92,7 +95,7 @@ def run(args) -> dict:
                                                   for s in strategies}
     try:
         for i, (url, proc) in enumerate(servers):
-            _wait(url, proc, workdir / f"vllm{i}.log")
+            wait_vllm(url, proc, workdir / f"vllm{i}.log")
         clients = [OpenAIPolicy(url, "bench", tokenizer=tokenizer) for url, _ in servers]
         for round_ in range(args.repeats + 1):
             for strategy in strategies:

@@ -37,37 +37,8 @@ from turnrl.policies.served import ServedPolicy  # noqa: E402
 from turnrl.rollout.scripted import corpus_texts  # noqa: E402
 from turnrl.envs import GuessNumberEnv  # noqa: E402
 
-
-def _serve(checkpoint: Path, workdir: Path, max_model_len: int):
-    import socket
-    import subprocess
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
-               "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-               "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager",
-               "--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
-               "turnrl.serving.vllm_worker.WeightPull"]
-    log = open(workdir / "vllm.log", "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited:\n{(workdir / 'vllm.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("vLLM did not start within 600 s")
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_routing import start_vllm, wait_vllm  # noqa: E402
 
 
 def run(args) -> dict:
@@ -80,7 +51,9 @@ def run(args) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="turnrl-bench-push-"))
     model.save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
-    url, proc = _serve(workdir / "model", workdir, 512)
+    url, proc = start_vllm(workdir / "model", workdir / "vllm.log", 512, "--worker-extension-cls",
+                           "turnrl.serving.vllm_worker.WeightPull")
+    wait_vllm(url, proc, workdir / "vllm.log")
     import signal
 
     seconds: dict[str, list[float]] = {"http": [], "folder": []}
