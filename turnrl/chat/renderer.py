@@ -48,8 +48,10 @@ class Conversation:
 
     Attributes:
         messages: chat messages so far (``{"role", "content"}``; a sampled turn is an
-            ``assistant`` message holding its decoded text); after a compaction, the messages
-            the current segment was rendered from.
+            ``assistant`` message holding its decoded text, which the renderer reads with the
+            family's parsers; an assistant message with a ``tool_calls`` key, maybe ``[]``, is
+            one an agent program wrote, given to the template as written); after a compaction,
+            the messages the current segment was rendered from.
         token_ids: ``[T]`` ids of every segment, concatenated; sampled assistant ids appear
             exactly as sampled.
         loss_mask: ``[T]`` 1 on sampled ids, 0 on template/observation ids.
@@ -122,7 +124,7 @@ class ChatRenderer:
         for message in messages:
             role, content = message["role"], message.get("content", "")
             if role == "assistant":
-                out.append(self._history_message(content))
+                out.append(_as_written(message) if "tool_calls" in message else self._history_message(content))
                 continue
             if role == "tool" and fmt.tool_role != "tool":
                 out.append({"role": fmt.tool_role, "content": f"<tool_response>\n{content}\n</tool_response>"})
@@ -276,6 +278,18 @@ class ChatRenderer:
         conv.token_ids.extend(ids)
         conv.loss_mask.extend([0] * len(ids))
         conv.logprobs.extend([0.0] * len(ids))
+
+
+def _as_written(message: dict) -> dict:
+    """An assistant message written by the agent's own program (it has ``tool_calls``, maybe
+    ``[]``), as the template reads it: content, calls (when any) and thinking (when given)."""
+    out: dict = {"role": "assistant", "content": message.get("content") or ""}
+    if message["tool_calls"]:
+        out["tool_calls"] = [dict(call) for call in message["tool_calls"]]
+    for key in ("reasoning_content", "thinking"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
 
 
 def _with_tools_prompt(messages: list[dict], tools: list[dict], parser: str) -> list[dict]:

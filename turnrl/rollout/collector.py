@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -60,6 +61,13 @@ class RolloutCollector:
     sampled ids are appended verbatim, the decoded text is the env's action, and the
     env's new messages are rendered with the chat template (the env's tools, ``info["tools"]``
     of its reset, are given to the template).
+
+    Beyond new messages, an env may say three things (``turnrl.envs.agent.AgentEnv`` says all
+    of them): a step whose info holds ``context`` rewrote the conversation, which goes on in a
+    new segment rendered from those messages (with ``info["tools"]``, when given, as its tools);
+    a last step whose info holds ``turn_rewards`` (one finite number per turn played) sets every
+    turn's reward; and an env with a ``sampled_turn(prompt_tokens, completion_tokens,
+    finish_reason)`` method is told each turn's usage just before its step.
 
     Failures end one episode, never the batch (``turnrl.rollout.termination``): an env that
     cannot be made or raises in ``reset`` or ``step``, or sends messages the template cannot
@@ -183,13 +191,15 @@ class RolloutCollector:
                     for i, (env, (group_id, task)) in enumerate(zip(made, slots))]
         live = [ep for ep in episodes if ep.traj.termination is None]
         while live:
-            generations = self.policy.generate([ep.conv.prompt_ids for ep in live], params)
+            prompts = [ep.conv.prompt_ids for ep in live]
+            generations = self.policy.generate(prompts, params)
             contents = []
             for ep, gen in zip(live, generations):
                 contents.append(self.renderer.add_sampled(ep.conv, gen.token_ids, gen.logprobs))
                 ep.traj.length_truncated_turns += gen.finish_reason == "length"
                 ep.traj.empty_actions += not contents[-1].strip()
-            stepped = self._calls.map([_stepper(ep.env, text) for ep, text in zip(live, contents)], "env step")
+            stepped = self._calls.map([_stepper(ep.env, text, len(prompt), gen)
+                                       for ep, text, prompt, gen in zip(live, contents, prompts, generations)], "env step")
             live = [ep for ep, outcome in zip(live, stepped) if self._apply(ep, outcome, params)]
         for ep in episodes:  # a state key per turn played (the last observation starts no turn)
             del ep.traj.state_keys[ep.traj.num_turns:]
@@ -228,12 +238,12 @@ class RolloutCollector:
         """Record one episode's step result (or the exception it raised); return whether it goes on."""
         traj, conv = ep.traj, ep.conv
         if not isinstance(outcome, BaseException):
-            saved = (list(conv.messages), len(conv.token_ids), list(conv.segment_starts), conv.text)
+            saved = (list(conv.messages), len(conv.token_ids), list(conv.segment_starts), conv.text, list(conv.tools))
             try:
                 return self._apply_step(ep, *outcome, params)
             except Exception as exc:  # a malformed step result (hostile or buggy env): undo what it added
                 outcome = exc
-                messages, length, conv.segment_starts[:], conv.text = saved
+                messages, length, conv.segment_starts[:], conv.text, conv.tools[:] = saved
                 conv.messages[:] = messages
                 for ids in (conv.token_ids, conv.loss_mask, conv.logprobs):
                     del ids[length:]
@@ -265,6 +275,8 @@ class RolloutCollector:
         traj.tool_errors += int(info.get("tool_errors", 0))
         traj.parse_errors += int(bool(info.get("parse_error", False)))
         if terminated or truncated:
+            if "turn_rewards" in info:  # rewards per turn, known at the end (an agent program's call_rewards)
+                traj.turn_rewards[:] = _turn_rewards(info["turn_rewards"], traj.num_turns)
             traj.termination = "terminated" if terminated else "truncated"
             self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
             return False
@@ -274,7 +286,13 @@ class RolloutCollector:
             self.renderer.add_observation(ep.conv, [], add_generation_prompt=False)
             return False
         mark = (len(ep.conv.token_ids), len(ep.conv.segment_starts))
-        self.renderer.add_observation(ep.conv, obs, add_generation_prompt=True)
+        context = info.get("context")
+        if context is not None:  # the env rewrote the conversation: a new segment rendered from it
+            if "tools" in info:
+                ep.conv.tools[:] = [dict(t) for t in info["tools"] or []]  # the trajectory's list too
+            self.renderer.restart(ep.conv, _checked_messages(context))
+        else:
+            self.renderer.add_observation(ep.conv, obs, add_generation_prompt=True)
         if not self._fits_context(ep, params.max_new_tokens, mark):
             traj.termination = "context_length"
             return False
@@ -325,13 +343,31 @@ def _checked_messages(obs) -> list[dict]:
     return messages
 
 
+def _turn_rewards(rewards, turns: int) -> list[float]:
+    """``info["turn_rewards"]`` checked: one finite number per turn played.
+
+    Raises:
+        ValueError: Saying what is wrong with them.
+    """
+    values = [float(r) for r in rewards]
+    if len(values) != turns or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"info['turn_rewards'] must hold one finite reward per turn ({turns}), got {rewards!r:.200}")
+    return values
+
+
 def _resetter(env: gymnasium.Env, task: Task) -> Callable[[], tuple]:
     def reset() -> tuple:
         return env.reset(seed=task.seed, options={"split": task.split})
     return reset
 
 
-def _stepper(env: gymnasium.Env, content: str) -> Callable[[], tuple]:
+def _stepper(env: gymnasium.Env, content: str, prompt_tokens: int, gen) -> Callable[[], tuple]:
+    """The step of ``env`` with ``content``; an env with a ``sampled_turn(prompt_tokens,
+    completion_tokens, finish_reason)`` hook (``turnrl.envs.agent.AgentEnv``) is told the turn's
+    usage first."""
     def step() -> tuple:
+        hook = getattr(env.unwrapped, "sampled_turn", None)
+        if hook is not None:
+            hook(prompt_tokens, len(gen.token_ids), gen.finish_reason)
         return env.step(content)
     return step

@@ -93,6 +93,8 @@ def corpus_texts(env, seeds: range, player: str = "expert") -> list[str]:
                     texts.extend(m["content"] for m in obs)
                     if terminated or truncated:
                         break
+            except NotImplementedError:  # an env without this scripted player (an agent program): its opening texts
+                pass
             except Exception as exc:  # a failing env costs this episode's texts from the failure on
                 log.warning("env raised during a corpus episode (seed %d, %s): %r", seed, split, exc)
     return texts
