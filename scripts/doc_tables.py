@@ -322,7 +322,9 @@ def _suite_caption(r: Record) -> str:
     seeds = res["seeds"]
     return (f"{len(seeds)} seeds ({min(seeds)}-{max(seeds)}, the same for every method), one shared warm start per env; final = held-out "
             f"success, the mean of the last 3 evaluations of 256 episodes; [95% bootstrap CI] over seeds, each "
-            f"interval on its own (no correction for the {len(methods) - 1} comparisons an env). `turn_returns` "
+            f"interval on its own; p = the exact paired permutation test's p of the difference, Holm-adjusted over "
+            f"the {len(methods) - 1} comparisons of an env (below 0.05: a difference the seeds support after the "
+            f"correction; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g}). `turn_returns` "
             "and `turn_gae` aggregate the loss by token-mean, the others by seq-mean-token-mean (each config's "
             "default), so their differences hold the aggregation's too.")
 
@@ -342,9 +344,10 @@ def credit_suite_summary(r: Record) -> str:
         row = [f"`{env}`", f"{before[env]:.2f} -> {base.mean:.2f} [{base.low:.2f}, {base.high:.2f}]"]
         for method in methods[1:]:
             d = ms[method].diff
-            row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {ms[method].ahead} / {ms[method].behind}")
+            row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {ms[method].ahead} / {ms[method].behind}, "
+                       f"p {ms[method].p_holm:.2f}")
         rows.append(row)
-    head = ["env", f"{methods[0]}: before -> final"] + [f"{m}: diff, seeds ahead / behind" for m in methods[1:]]
+    head = ["env", f"{methods[0]}: before -> final"] + [f"{m}: diff, seeds ahead / behind, p" for m in methods[1:]]
     return markdown(head, rows) + "\n\n" + _suite_caption(r)
 
 
@@ -354,6 +357,33 @@ def credit_suite_env(env: str) -> Callable[[Record], str]:
         return record_table(r.result, env) + "\n\n" + _suite_caption(r) + (
             " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
     return table
+
+
+def weight_push(r: Record) -> str:
+    """Seconds per weight push to a vLLM server: over HTTP (no shared disk) against a shared folder."""
+    s, res = r.result["setup"], r.result
+    names = {"http": "HTTP (`agent.http.weight_transport=http`)", "folder": "shared folder (`folder`)"}
+    rows = [[names.get(k, k), f"{v['seconds']:.3f}", f"{v['seconds_per_mb'] * 1000:.1f}"]
+            for k, v in res["transports"].items()]
+    return (markdown(["transport", "s / push", "ms / MB"], rows)
+            + f"\n\nA Qwen2 of {s['params'] / 1e6:.1f}M parameters ({s['mb']:.1f} MB of float32 safetensors a push), "
+            f"one server ({s['server']}) with turnrl's worker extension; median of {s['pushes']} pushes each. Over HTTP "
+            f"a push takes {res['ratio_http_to_folder']:.1f}x the shared folder's time (the server fetches the file, "
+            "checks its size, sha256, names, shapes and values, then loads it); after the last push the server's "
+            f"logprobs equal the pushed weights' (gap {res['last_push_logprob_gap']:.1e}).")
+
+
+def routing(r: Record) -> str:
+    """Prefix-cache hit rate and sampled tokens/s of each routing strategy over several vLLM servers."""
+    s, res = r.result["setup"], r.result
+    rows = [[f"`{k}`", f"{v['hit_rate']:.1%}", f"{v['tokens_per_s']:.0f}", f"{v['seconds']:.1f}"]
+            for k, v in res["strategies"].items()]
+    return (markdown(["`agent.http.route_strategy`", "prefix-cache hits", "sampled tokens/s", "s / batch"], rows)
+            + f"\n\n{s['servers']} servers ({s['server']}), {s['tasks']} GuessNumber tasks x {s['group_size']} samples "
+            f"of {s['turns']} turns ({s['params'] / 1e6:.1f}M-parameter Qwen2, {s['max_new_tokens']} new tokens a turn); "
+            f"hits are the share of prompt tokens vLLM found in its prefix cache (`/metrics`); medians of "
+            f"{s['repeats']} rounds. Sticky routing samples {res['speedup_sticky_vs_round_robin']:.2f}x the tokens/s "
+            "of round robin.")
 
 
 @dataclass(frozen=True)
@@ -370,6 +400,8 @@ def _one(name: str, markdown: Callable[[Record], str]) -> Table:
 
 TABLES: dict[str, Table] = {
     "readme_demo": _one("readme_demo.json", readme_demo),
+    "weight_push": _one("bench_weight_push.json", weight_push),
+    "routing": _one("bench_routing.json", routing),
     "learner_loop": _one("bench_learner_loop.json", learner_loop),
     "learner_scaling": _one("bench_learner_scaling.json", learner_scaling),
     "segments": _one("bench_segments.json", segments),

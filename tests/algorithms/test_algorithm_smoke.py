@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from turnrl.rollout.scripted import scripted_episode
+from turnrl.algorithms.losses.importance import CORRECTIONS
 from turnrl.algorithms import VALUE_TARGETS, Learner, LossConfig, OptimConfig, collate, token_logprobs
 from turnrl.algorithms.learner.critic import Critic, CriticLearner
 from turnrl.train.factories import advantage_fn
@@ -139,6 +140,29 @@ def test_mismatch_is_measured_and_tis_corrects_it(mixed_batch, tiny_model):
     tis = Learner(copy.deepcopy(tiny_model), LossConfig(tis="token"), OptimConfig(lr=1e-4)).update(stale, advantages)
     assert tis["tis_weight"] == pytest.approx(math.exp(-0.1), abs=tol)
     assert tis["ratio"] == pytest.approx(1.0, abs=tol)  # with TIS the ratio is against the learner
+
+
+@pytest.mark.slow
+def test_every_importance_correction_runs_and_a_masked_row_adds_no_gradient(mixed_batch, tiny_model):
+    """Row 0's sampler logprobs are 1.0 above the learner's (its geometric-mean ratio is e^-1):
+    geometric masking drops it, so the update's gradient is the one where row 0 has no advantage
+    (the other rows are on-policy: weight 1, ratio 1). Every correction runs and reports the
+    share of sampled tokens it dropped."""
+    advantages = torch.where(mixed_batch.loss_mask > 0, torch.ones(()), torch.zeros(()))
+    stale = dataclasses.replace(mixed_batch, old_logprobs=mixed_batch.old_logprobs + mixed_batch.loss_mask
+                                * torch.tensor([1.0] + [0.0] * (len(mixed_batch) - 1))[:, None])
+    share = float(mixed_batch.loss_mask[0].sum() / mixed_batch.loss_mask.sum())
+    stats = {}
+    for level in CORRECTIONS:
+        learner = Learner(copy.deepcopy(tiny_model), LossConfig(tis=level, tis_cap=5.0), OptimConfig(lr=0.0))
+        stats[level] = learner.update(stale, advantages)
+        assert math.isfinite(stats[level]["pg_loss"])
+    assert stats["geo_mask"]["tis_masked"] == pytest.approx(share) and stats["token"]["tis_masked"] == 0
+    assert stats["mis_sequence"]["tis_masked"] == 0  # rho = e^-len < cap: kept, weighted
+    no_row0 = torch.where(torch.arange(len(mixed_batch))[:, None] == 0, torch.zeros(()), advantages)
+    alone = Learner(copy.deepcopy(tiny_model), LossConfig(), OptimConfig(lr=0.0)).update(mixed_batch, no_row0)
+    assert stats["geo_mask"]["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-4)
+    assert stats["token"]["grad_norm"] != pytest.approx(alone["grad_norm"], rel=1e-2)
 
 
 @pytest.mark.slow

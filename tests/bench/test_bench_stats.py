@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from turnrl.bench.report import RunRecord
-from turnrl.bench.stats import (Interval, auc, bootstrap_ci, expanded_tail, growth_exponent, median_samples, paired_ci,
-                                paired_differences, pointwise_band, samples_to_threshold, summarize)
+from turnrl.bench.stats import (Interval, auc, bootstrap_ci, exact_paired_p, expanded_tail, growth_exponent, holm,
+                                median_samples, paired_ci, paired_differences, pointwise_band, samples_to_threshold,
+                                sign_test_p, summarize)
 
 
 @pytest.mark.parametrize("n, low", [(5, 0.88), (30, 0.91)])
@@ -139,3 +140,38 @@ def test_growth_exponent_is_the_power_of_a_power_law_and_refuses_what_has_none()
             growth_exponent(bad, [1.0] * len(bad))
     with pytest.raises(ValueError):
         growth_exponent([4, 8], [1.0, 0.0])
+
+
+def test_the_exact_sign_test_on_hand_counted_splits():
+    assert sign_test_p([0.1] * 5) == 0.0625  # 2 / 2^5: five seeds all one way, the README's case
+    assert sign_test_p([1, 1, 1, 1, -1]) == pytest.approx(2 * 6 / 32)  # P(<= 1 of 5) twice
+    assert sign_test_p([0.0, 0.0, 1.0]) == 1.0  # ties dropped: one pair left
+    assert sign_test_p([0.0, 0.0]) == 1.0
+
+
+def test_the_exact_paired_permutation_test_enumerates_every_sign_flip():
+    # +-1 +-2 +-3: the 8 sums are 6, 4, 2, 0, 0, -2, -4, -6; |sum| >= 6 in 2 of them
+    assert exact_paired_p([1.0, 2.0, 3.0]) == 0.25
+    assert exact_paired_p([1.0, -1.0]) == 1.0 and exact_paired_p([0.0, 0.0]) == 1.0
+    assert exact_paired_p([0.3] * 5) == 2 / 32
+    many = list(np.random.default_rng(0).normal(0.5, 1.0, size=40))  # Monte Carlo beyond 16 pairs, seeded
+    assert exact_paired_p(many) == exact_paired_p(many) < 0.05
+
+
+def test_holm_adjusts_in_the_inputs_order():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == []
+
+
+def test_holm_keeps_the_family_wise_error_rate_under_the_null():
+    """Four comparisons of 10 seeds each where no method differs (normal differences): some
+    uncorrected p below 0.05 in ~1 - 0.95^4 = 19% of families; after Holm at most ~5%."""
+    rng = np.random.default_rng(1)
+    families = 600
+    raw = holm_hits = 0
+    for _ in range(families):
+        ps = [exact_paired_p(rng.normal(0.0, 1.0, size=10)) for _ in range(4)]
+        raw += min(ps) < 0.05
+        holm_hits += min(holm(ps)) < 0.05
+    assert 0.12 < raw / families < 0.27
+    assert holm_hits / families < 0.08

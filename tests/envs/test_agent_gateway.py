@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from tests.envs.agent_programs import AgentsSDK
 from turnrl.envs.agent import AgentEnv, AgentFailed, AgentResult
 from turnrl.envs.agent.env import TEST_SHARE
 from turnrl.rollout.env_calls import StepTimeout
@@ -552,8 +553,6 @@ def test_an_openai_agents_sdk_agent_calls_both_tools_and_each_call_extends_the_l
     """The ``openai-agents`` SDK's Chat Completions model: the structured calls it gets back run
     its two function tools, and the history it sends next is the previous call's plus the reply
     plus the tools' results (so the episode keeps one segment)."""
-    from tests.envs.agent_programs import AgentsSDK
-
     env = AgentsSDK(tool_parser="hermes")
     try:
         obs, info = env.reset(seed=0)

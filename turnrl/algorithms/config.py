@@ -56,10 +56,15 @@ class LossConfig:
     dual_clip: Optional[float] = None
     # |log ratio| is clamped to this before exp (a stale token cannot overflow the ratio)
     log_ratio_clip: float = 20.0
-    # truncated importance sampling against the sampler's logprobs: none, token or sequence
+    # importance correction against the sampler's logprobs (turnrl.algorithms.losses.importance):
+    # none, token or sequence (TIS: truncated), icepop, mis_token or mis_sequence (masked), geo_mask
     tis: str = "none"
-    # upper truncation of the TIS ratio
+    # TIS's truncation of the ratio; the bound above which MIS and IcePop mask a token (IcePop's: 5)
     tis_cap: float = 2.0
+    # IcePop's lower bound: a token whose ratio is below it is masked
+    tis_floor: float = 0.5
+    # geo_mask: a row is masked when its geometric-mean ratio leaves [1 - tis_band, 1 + tis_band]
+    tis_band: float = 0.01
     # weight of the entropy bonus at the first step (each step's is StepCoefs.entropy_coef)
     entropy_coef: float = 0.0
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,

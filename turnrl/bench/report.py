@@ -146,6 +146,7 @@ def html_report(records: list[RunRecord], title: str, plot_path: str | Path, pat
 
 # ------------------------------------------------------------------------- the suite's tables
 SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI]", "seeds ahead / behind",
+              "p: sign / exact paired / Holm",
               "episodes to {threshold:g} (seeds reached)", "AUC [95% CI]", "tokens / run", "wall time / run"]
 
 
@@ -167,6 +168,7 @@ def suite_rows(summaries: Sequence[MethodSummary]) -> dict[str, list[list[str]]]
             m.method, str(len(m.seeds)), m.final.format(),
             "baseline" if m.diff is None else m.diff.format(signed=True),
             "" if m.diff is None else f"{m.ahead} / {m.behind}",
+            "" if m.p_exact is None else f"{m.p_sign:.3g} / {m.p_exact:.3g} / {m.p_holm:.3g}",
             f"{samples} ({m.reached}/{len(m.seeds)})", m.auc.format(), _count(m.tokens), f"{m.wall_s:.0f} s"])
     return tables
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -152,6 +152,54 @@ def paired_ci(values: Mapping[int, float], baseline: Mapping[int, float], confid
     return bootstrap_ci(list(diffs.values()), confidence, resamples, seed)
 
 
+EXACT_FLIPS = 16
+"""Up to this many pairs ``exact_paired_p`` enumerates every sign assignment (2^16); beyond,
+it draws ``RESAMPLES`` of them."""
+
+
+def sign_test_p(diffs: Sequence[float]) -> float:
+    """Two-sided exact sign test of ``median(diff) = 0``: the probability, under a fair coin per
+    pair, of a split of positive and negative differences at least as uneven as this one (ties
+    dropped; 1.0 when every pair ties). With 5 pairs all one way it is 0.0625."""
+    pos, neg = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    n = pos + neg
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(pos, neg) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def exact_paired_p(diffs: Sequence[float], seed: int = 0) -> float:
+    """Two-sided exact paired permutation (sign-flip) test of ``mean(diff) = 0``: the share of
+    the ``2^n`` ways to flip the pairs' signs whose mean is at least as far from 0 as the
+    observed one (Fisher's; no distribution assumed). Exact up to ``EXACT_FLIPS`` pairs, a
+    seeded Monte Carlo estimate beyond. 1.0 when every difference is 0."""
+    data = np.asarray(list(diffs), dtype=float)
+    n = data.size
+    if n == 0 or not np.any(data):
+        return 1.0
+    observed = abs(data.sum())
+    if n <= EXACT_FLIPS:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = np.random.default_rng(seed).choice([-1, 1], size=(RESAMPLES, n))
+    sums = np.abs(signs @ data)
+    return float(np.mean(sums >= observed * (1 - 1e-12)))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the input's order: with ``m`` tests sorted by p, the
+    ``k``-th smallest becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Rejecting where the
+    adjusted p is below ``alpha`` keeps the chance of any false rejection among the ``m``
+    below ``alpha``."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out, running = [1.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
 def samples_to_threshold(evals: Sequence[tuple[int, float]], threshold: float, episodes_per_step: int) -> int | None:
     """Sampled episodes until held-out success first reaches ``threshold``.
 
@@ -201,6 +249,11 @@ class MethodSummary:
     # final, e.g. a method that reduces to the baseline, counts as neither); 0 for the baseline
     ahead: int
     behind: int
+    # of those pairs: the exact sign test's p, the exact paired permutation test's p, and the
+    # latter Holm-adjusted over the env's comparisons with the baseline (None for the baseline)
+    p_sign: float | None
+    p_exact: float | None
+    p_holm: float | None
     # success threshold of samples_to_threshold, and its median over seeds (None: not reached)
     threshold: float
     samples_median: float | None
@@ -248,20 +301,26 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
             raise ValueError(f"no success threshold for env {env!r} (thresholds for {sorted(thresholds)})")
         final = {s: r.after for s, r in runs.items()}
         base = by_cell.get((env, baseline))
-        diff, ahead, behind = None, 0, 0
+        diff, ahead, behind, p_sign, p_exact = None, 0, 0, None, None
         if method != baseline and base is not None:
             base_final = {s: r.after for s, r in base.items()}
             diff = paired_ci(final, base_final, seed=seed)
-            deltas = paired_differences(final, base_final).values()
+            deltas = list(paired_differences(final, base_final).values())
             ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+            p_sign, p_exact = sign_test_p(deltas), exact_paired_p(deltas, seed)
         samples = [samples_to_threshold(r.evals, thresholds[env], r.episodes_per_step) for r in runs.values()]
         out.append(MethodSummary(
             env=env, method=method, seeds=tuple(sorted(runs)), final=bootstrap_ci(list(final.values()), seed=seed),
-            diff=diff, ahead=ahead, behind=behind, threshold=thresholds[env], samples_median=median_samples(samples),
+            diff=diff, ahead=ahead, behind=behind, p_sign=p_sign, p_exact=p_exact, p_holm=None,
+            threshold=thresholds[env], samples_median=median_samples(samples),
             reached=sum(s is not None for s in samples),
             auc=bootstrap_ci([auc(r.evals) for r in runs.values()], seed=seed),
             tokens=float(np.mean([r.sampled_tokens for r in runs.values()])),
             wall_s=float(np.mean([r.wall_s for r in runs.values()]))))
+    for env in dict.fromkeys(m.env for m in out):  # Holm over each env's comparisons with the baseline
+        tested = [i for i, m in enumerate(out) if m.env == env and m.p_exact is not None]
+        for i, adjusted in zip(tested, holm([out[i].p_exact for i in tested])):
+            out[i] = replace(out[i], p_holm=adjusted)
     return out
 
 

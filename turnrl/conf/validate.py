@@ -113,6 +113,12 @@ def problems(cfg: Config) -> list[str]:
     if algo.tis_cap <= 0:
         out.append(f"algorithm.tis_cap={algo.tis_cap!r} must be > 0 (the upper truncation of the TIS ratio, "
                    "e.g. 2.0); set algorithm.tis_cap to a positive value")
+    elif algo.tis == "icepop" and not 0 <= algo.tis_floor < algo.tis_cap:
+        out.append(f"algorithm.tis_floor={algo.tis_floor!r} must be in [0, algorithm.tis_cap={algo.tis_cap!r}): IcePop "
+                   "keeps tokens whose ratio is in [tis_floor, tis_cap]; its paper's are 0.5 and 5")
+    if algo.tis == "geo_mask" and not 0 < algo.tis_band < 1:
+        out.append(f"algorithm.tis_band={algo.tis_band!r} must be in (0, 1): geometric masking keeps rows whose "
+                   "geometric-mean ratio is within 1 +- tis_band; SkyRL's is 0.01")
     if algo.dual_clip is not None and algo.dual_clip <= 1:
         out.append(f"algorithm.dual_clip={algo.dual_clip!r} must be > 1 (e.g. 3.0) or null (off); "
                    "set algorithm.dual_clip=3.0 or algorithm.dual_clip=null")

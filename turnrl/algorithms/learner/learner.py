@@ -24,7 +24,7 @@ from turnrl.algorithms import distributed
 from turnrl.algorithms.losses.aggregation import AGGREGATIONS
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig, OptimConfig
-from turnrl.algorithms.losses.importance import LEVELS, truncated_is_weights
+from turnrl.algorithms.losses.importance import check_correction, truncated_is_weights
 from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses.token_losses import KL_ESTIMATORS
 from turnrl.algorithms.losses.policy import POLICY_LOSSES, policy_loss_settings
@@ -162,8 +162,7 @@ class Learner:
                  accelerator=None):
         if loss.kl_placement not in PLACEMENTS:
             raise ValueError(f"kl_placement must be one of {PLACEMENTS}, got {loss.kl_placement!r}")
-        if loss.tis not in LEVELS:
-            raise ValueError(f"tis must be one of {LEVELS}, got {loss.tis!r}")
+        check_correction(loss.tis, loss.tis_cap, loss.tis_floor, loss.tis_band)
         if optim.mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {optim.mixed_precision!r}")
         policy_loss = POLICY_LOSSES.get(loss.policy_loss)
@@ -285,7 +284,8 @@ class Learner:
             return batch, None
         learner_old = self.logprobs(batch, coefs.temperature)
         tally.add_mismatch(learner_old, batch.old_logprobs, batch.loss_mask)
-        is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, cfg.tis, cfg.tis_cap)
+        is_weights = truncated_is_weights(learner_old, batch.old_logprobs, batch.loss_mask, cfg.tis, cfg.tis_cap,
+                                          cfg.tis_floor, cfg.tis_band)
         return replace(batch, old_logprobs=learner_old), is_weights
 
     def _minibatch_gradient(self, batch: TrainBatch, rows: torch.Tensor, advantages: torch.Tensor,
@@ -365,8 +365,10 @@ class Learner:
         metrics["grad_norm"] = sum(counts.grad_norms) / max(len(counts.grad_norms), 1)
         metrics["skipped_updates"] = float(counts.skipped)
         metrics["nonfinite_updates"] = float(counts.nonfinite)
-        if is_weights is not None:
+        if is_weights is not None:  # the mean weight, and the share of sampled tokens a masking correction dropped
             metrics["tis_weight"] = float(self._reduce(is_weights.sum())) / max(sampled, 1.0)
+            dropped = ((is_weights == 0) & (batch.loss_mask > 0)).sum()
+            metrics["tis_masked"] = float(self._reduce(dropped.to(is_weights.dtype))) / max(sampled, 1.0)
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:

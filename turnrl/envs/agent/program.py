@@ -116,7 +116,9 @@ class AgentRun:
         self._finish(result)
 
     def _command(self, command: list[str], base_url: str, api_key: str, task: Any) -> None:
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "TURNRL_TASK": task_json(task)}
+        no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1", "localhost"]))
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "TURNRL_TASK": task_json(task),
+               "NO_PROXY": no_proxy, "no_proxy": no_proxy}  # the gateway is on loopback: never through a proxy
         try:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, env=env, text=True, errors="replace",
