@@ -386,6 +386,18 @@ def routing(r: Record) -> str:
             "of round robin.")
 
 
+def gateway(r: Record) -> str:
+    """Seconds per turn of agent programs through the gateway against the same turns of a native env."""
+    s, res = r.result["setup"], r.result
+    names = {"native": "native env", "gateway": "agent programs through the gateway (`AgentEnv`)"}
+    rows = [[names.get(k, k), f"{v['seconds_per_turn'] * 1000:.2f}"] for k, v in res["sides"].items()]
+    return (markdown(["the same conversations as", "ms / turn"], rows)
+            + f"\n\n{s['agents']} episodes in flight, {s['turns']} turns each, {s['max_new_tokens']} new tokens a turn, a "
+            f"Qwen2 of {s['params'] / 1e6:.2f}M parameters on the {s['backend']} backend; medians of {s['repeats']} "
+            f"rounds, the sides alternating. Through the gateway a turn takes {res['ratio']:.2f}x the native env's "
+            f"time ({res['overhead_ms_per_call']:+.1f} ms a call).")
+
+
 @dataclass(frozen=True)
 class Table:
     """A page table: the records it reads (under ``docs/results/``) and the Markdown they give."""
@@ -401,6 +413,7 @@ def _one(name: str, markdown: Callable[[Record], str]) -> Table:
 TABLES: dict[str, Table] = {
     "readme_demo": _one("readme_demo.json", readme_demo),
     "weight_push": _one("bench_weight_push.json", weight_push),
+    "gateway": _one("bench_gateway.json", gateway),
     "routing": _one("bench_routing.json", routing),
     "learner_loop": _one("bench_learner_loop.json", learner_loop),
     "learner_scaling": _one("bench_learner_scaling.json", learner_scaling),

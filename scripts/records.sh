@@ -26,6 +26,7 @@ declare -A RECORDS=(
   [vllm_rollout]="scripts/bench_vllm_rollout.py --json $OUT/bench_vllm_rollout.json"
   [weight_push]="scripts/bench_weight_push.py --json $OUT/bench_weight_push.json"
   [routing]="scripts/bench_routing.py --json $OUT/bench_routing.json"
+  [gateway]="scripts/bench_gateway.py --json $OUT/bench_gateway.json"
   [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
   [async]="scripts/bench_async.py --json $OUT/bench_async.json"
   [keep_rollouts]="scripts/bench_keep_rollouts.py --json $OUT/bench_keep_rollouts.json"
@@ -36,7 +37,7 @@ declare -A RECORDS=(
   [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
-ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
        readme_demo)
 
 if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then

@@ -10,12 +10,14 @@ their logprobs. Harnesses that append keep one segment; one that compacts, and s
 their own contexts, start new ones.
 """
 
+import openai
 import pytest
 
 from tests.envs.agent_programs import (SENT, AgentsSDK, Compacting, ParallelSubAgents, SubAgent, ToolLoop, check_turns,
                                        match_runs)
 from turnrl.chat.families import family_tokenizer
 from turnrl.chat.renderer import ChatRenderer
+from turnrl.envs.agent import AgentEnv
 from turnrl.models.tiny_checkpoints import build_model
 from turnrl.policies.hf.policy import TransformersPolicy
 from turnrl.policies.sampling import SamplingParams
@@ -111,3 +113,42 @@ def test_parallel_sub_agents_calls_each_become_turns_of_one_episode(tok, policy)
     trajectories, runs, recorded = roll(ParallelSubAgents, tok, policy)
     counts = segments(tok, trajectories, runs, recorded)
     assert all(t.num_turns == 4 for t in trajectories) and all(2 <= s <= 4 for s in counts)
+
+
+def test_64_agents_in_flight_get_their_own_replies(tok, policy):
+    """64 programs at once (every one's call waiting together: ``env_workers=64``), 3 calls each:
+    no call is lost (every episode ends with 3 turns) or crossed (each program's replies are the
+    texts sampled for its own episode, found by the nonce in its first message)."""
+    received: dict[str, list[str]] = {}
+
+    class Nonce(AgentEnv):
+        tasks = {"train": [{"id": i} for i in range(64)]}
+
+        async def run(self, base_url, api_key, task):
+            nonce = f"agent-{api_key[:12]}"
+            async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+                messages = [{"role": "user", "content": nonce}]
+                for k in range(3):
+                    reply = await client.chat.completions.create(model="policy", messages=messages)
+                    received.setdefault(nonce, []).append(reply.choices[0].message.content or "")
+                    messages += [{"role": "assistant", "content": received[nonce][-1]},
+                                 {"role": "user", "content": f"more {k}"}]
+            return 0.0
+
+    collector = RolloutCollector(lambda: Nonce(tool_parser="hermes"), policy, ChatRenderer(tok), max_context_tokens=4096,
+                                 env_workers=64)
+    try:
+        trajectories = collector.collect([Task(s) for s in range(64)], 1, SamplingParams(max_new_tokens=12))
+    finally:
+        collector.close()
+    assert len(received) == 64 and all(len(r) == 3 for r in received.values())
+    renderer = ChatRenderer(tok)
+    for trajectory in trajectories:
+        assert trajectory.termination == "terminated" and trajectory.num_turns == 3
+        nonce = trajectory.messages[0]["content"]
+        texts = []
+        for start, end in trajectory.turn_spans:
+            ids = trajectory.token_ids[start:end]
+            body = ids[:-1] if ids and ids[-1] in renderer.end_ids else ids
+            texts.append(tok.decode(body, skip_special_tokens=False))
+        assert received[nonce] == texts
