@@ -1,26 +1,33 @@
-"""What the agent gateway costs per model call: the same conversations rolled out by the
-collector as a native env and as agent programs (``AgentEnv``) calling the gateway.
+"""What the agent gateway costs per model call: the same agent programs calling the policy
+directly (``turnrl serve-policy``'s server, in process) and through the gateway (``AgentEnv``
+under the rollout collector), beside the same conversations as a native env.
 
     .venv/bin/python scripts/bench_gateway.py [--agents 16 --turns 8 --repeats 5] [--json out.json]
 
-A Qwen2 built from a config (random init, a Qwen2.5 family tokenizer built in code) samples on
-the transformers backend. Each side rolls out ``--agents`` episodes at once (one step of all
-of them is one batched ``generate``), each ``--turns`` turns: a system and a user message, then
-after every reply the user message "Go on (k)." The native side is a ``gymnasium.Env`` that
-returns those messages; the gateway side is an ``AgentEnv`` whose program (``async def``, the
-``openai`` SDK) sends them as chat completions, so every turn crosses the gateway (an HTTP
-request, a wait for the batch, the reply) and the program's next call is checked against the
-history. ``trainer.env_workers`` is the number of agents, so every program's call waits at once.
-The sides alternate over ``--repeats`` rounds after a warm-up; medians of the seconds per turn
-(all episodes' turns of a rollout / the rollout's wall time) and the ratio gateway / native.
+A Qwen2 built from a config (random init, a Qwen2.5 family tokenizer built in code) samples with
+the transformers backend on every side. ``--agents`` programs run at once, each ``--turns`` calls:
+a system and a user message, then after every reply the user message "Go on (k)." (an
+``async def`` with the ``openai`` SDK, each on an event loop of its own thread).
+
+* ``direct``: the programs call ``PolicyServer`` (serve-policy), which batches the requests
+  that arrive together into shared ``generate`` calls.
+* ``gateway``: the programs call the gateway; the collector samples every waiting call in one
+  batch per turn (``trainer.env_workers`` = the number of agents) and records the turns.
+* ``native``: a ``gymnasium.Env`` returning those messages, no program and no HTTP: the floor.
+
+The sides alternate over ``--repeats`` rounds after a warm-up; medians of the seconds per call
+(all programs' calls / the wall time of the round), and the ratio gateway / direct.
 """
+
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium
@@ -38,6 +45,7 @@ from turnrl.envs.messages import action_space, observation_space  # noqa: E402
 from turnrl.models.tiny_checkpoints import build_model  # noqa: E402
 from turnrl.policies.hf.policy import TransformersPolicy  # noqa: E402
 from turnrl.policies.sampling import SamplingParams  # noqa: E402
+from turnrl.policies.server import PolicyServer  # noqa: E402
 from turnrl.rollout import RolloutCollector, Task  # noqa: E402
 
 SYSTEM = "You are a patient assistant."
@@ -70,15 +78,47 @@ class NativeChat(gymnasium.Env):
 
 
 def agent_env(turns: int) -> AgentEnv:
-    async def program(base_url: str, api_key: str, task: dict) -> float:
+    return AgentEnv(program(turns), {"train": [{"id": str(s), "seed": s} for s in range(1000)]}, max_turns=turns + 1)
+
+
+def program(turns: int):
+    """The agent program of every side: ``turns`` calls, each reply and a nudge appended."""
+    async def agent(base_url: str, api_key: str, task: dict) -> float:
         async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
             messages = opening(task["seed"])
             for k in range(1, turns + 1):
-                reply = await client.chat.completions.create(model="policy", messages=messages)
+                reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
                 messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""}, nudge(k)]
         return 0.0
+    return agent
 
-    return AgentEnv(program, {"train": [{"id": str(s), "seed": s} for s in range(1000)]}, max_turns=turns + 1)
+
+def direct(model, tokenizer, args, seed: int) -> tuple[float, int]:
+    """The programs against serve-policy's server: (seconds, calls)."""
+    agent = program(args.turns)
+    with PolicyServer(model, tokenizer, seed=seed, max_batch=max(64, args.agents), model_name="policy") as server:
+        def one(i: int) -> float:
+            return asyncio.run(agent(f"{server.url}/v1", "unused", {"seed": 1000 * seed + i}))
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(args.agents) as pool:
+            list(pool.map(one, range(args.agents)))
+        return time.perf_counter() - start, args.agents * args.turns
+
+
+def collected(make, model, tokenizer, renderer, args, seed: int) -> tuple[float, int]:
+    """Episodes of ``make``'s env through the collector: (seconds, turns)."""
+    policy = TransformersPolicy(model, tokenizer, seed=seed)
+    collector = RolloutCollector(make, policy, renderer, max_context_tokens=4096, env_workers=args.agents)
+    start = time.perf_counter()
+    trajectories = collector.collect([Task(1000 * seed + i) for i in range(args.agents)], 1,
+                                     SamplingParams(max_new_tokens=args.max_new_tokens))
+    seconds = time.perf_counter() - start
+    collector.close()
+    bad = [t for t in trajectories if t.termination != "terminated" or t.error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} episodes failed: {bad[0].termination} {bad[0].error}")
+    return seconds, sum(t.num_turns for t in trajectories)
 
 
 def run(args) -> dict:
@@ -86,41 +126,34 @@ def run(args) -> dict:
     tokenizer = family_tokenizer("qwen2_5", [SYSTEM, "Tell me about the number 12. Go on (3)."], vocab_size=800)
     model = build_model("qwen2", tokenizer, hidden=args.hidden_size, layers=args.layers, seed=0)
     renderer = ChatRenderer(tokenizer)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    sides = {"native": lambda: NativeChat(args.turns), "gateway": lambda: agent_env(args.turns)}
+    sides = {"direct": lambda seed: direct(model, tokenizer, args, seed),
+             "gateway": lambda seed: collected(lambda: agent_env(args.turns), model, tokenizer, renderer, args, seed),
+             "native": lambda seed: collected(lambda: NativeChat(args.turns), model, tokenizer, renderer, args, seed)}
     figures: dict[str, list[float]] = {name: [] for name in sides}
     for round_ in range(args.repeats + 1):
-        for name, make in sides.items():
-            policy = TransformersPolicy(model, tokenizer, seed=round_)
-            collector = RolloutCollector(make, policy, renderer, max_context_tokens=4096, env_workers=args.agents)
-            tasks = [Task(1000 * round_ + i) for i in range(args.agents)]
-            start = time.perf_counter()
-            trajectories = collector.collect(tasks, 1, params)
-            seconds = time.perf_counter() - start
-            collector.close()
-            bad = [t for t in trajectories if t.termination not in ("terminated", "truncated") or t.error]
-            if bad:
-                raise RuntimeError(f"{name}: {len(bad)} episodes failed: {bad[0].termination} {bad[0].error}")
-            turns = sum(t.num_turns for t in trajectories)
-            print(f"  round {round_} {name:8s}: {turns} turns in {seconds:.2f} s, {1000 * seconds / turns:.2f} ms/turn",
+        for name, side in sides.items():
+            seconds, calls = side(round_)
+            print(f"  round {round_} {name:8s}: {calls} calls in {seconds:.2f} s, {1000 * seconds / calls:.2f} ms/call",
                   flush=True)
             if round_:
-                figures[name].append(seconds / turns)
-    rows = {name: {"seconds_per_turn": statistics.median(v), "runs": v} for name, v in figures.items()}
+                figures[name].append(seconds / calls)
+    rows = {name: {"seconds_per_call": statistics.median(v), "runs": v} for name, v in figures.items()}
+    per = {name: row["seconds_per_call"] for name, row in rows.items()}
     return {"setup": {"agents": args.agents, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
                       "hidden_size": args.hidden_size, "layers": args.layers, "repeats": args.repeats,
                       "params": sum(p.numel() for p in model.parameters()), "backend": "transformers"},
-            "sides": rows, "ratio": rows["gateway"]["seconds_per_turn"] / rows["native"]["seconds_per_turn"],
-            "overhead_ms_per_call": 1000 * (rows["gateway"]["seconds_per_turn"] - rows["native"]["seconds_per_turn"])}
+            "sides": rows, "ratio_gateway_to_direct": per["gateway"] / per["direct"],
+            "ratio_gateway_to_native": per["gateway"] / per["native"]}
 
 
 def print_table(result: dict) -> None:
     s = result["setup"]
-    print(f"{s['agents']} agents in flight, {s['turns']} turns each, {s['max_new_tokens']} new tokens a turn "
+    print(f"{s['agents']} agents in flight, {s['turns']} calls each, {s['max_new_tokens']} new tokens a call "
           f"({s['params'] / 1e6:.2f}M-parameter Qwen2); median of {s['repeats']}")
     for name, row in result["sides"].items():
-        print(f"{name:8s} {1000 * row['seconds_per_turn']:8.2f} ms/turn")
-    print(f"gateway / native: {result['ratio']:.3f}x ({result['overhead_ms_per_call']:+.2f} ms a call)")
+        print(f"{name:8s} {1000 * row['seconds_per_call']:8.2f} ms/call")
+    print(f"gateway / direct: {result['ratio_gateway_to_direct']:.3f}x; gateway / native: "
+          f"{result['ratio_gateway_to_native']:.3f}x")
 
 
 def main() -> None:
