@@ -235,3 +235,31 @@ def small_guess_config(warmstart_steps: int = 30, warmstart_batch: int = 8, **tr
                             env_workers=1, progress=False, tensorboard=False))
     cfg.trainer.update(trainer)
     return cfg
+
+
+def short_grpo_run(target: str, kwargs: dict, run_dir: Path, max_new_tokens: int = 24) -> list[dict]:
+    """A 2-step GRPO run (tiny model, warm start on the env's expert) on the env class at the
+    dotted path ``target`` made with ``kwargs``; checks that every step trained on finite
+    figures without an infrastructure failure and returns the steps' metrics."""
+    import math
+
+    from omegaconf import OmegaConf
+
+    from turnrl.conf.schema import Config
+    from turnrl.train.loop import train
+
+    cfg = OmegaConf.structured(Config)
+    cfg.env.id = None
+    cfg.env._target_ = target
+    cfg.env.kwargs = kwargs
+    cfg.agent.max_new_tokens = max_new_tokens
+    cfg.agent.warmstart.update(dict(steps=4, batch_size=4, player="expert"))
+    cfg.agent.tokenizer.corpus_episodes = 8
+    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
+    cfg.trainer.update(dict(steps=2, tasks_per_step=2, group_size=2, eval_episodes=2, eval_every=100, threads=1,
+                            env_workers=1, progress=False, tensorboard=False, save_checkpoint=False))
+    result = train(OmegaConf.to_object(cfg), run_dir)
+    assert len(result.train) == 2
+    assert all(math.isfinite(m["pg_loss"]) and math.isfinite(m["reward"]) and m["turns"] >= 1 for m in result.train)
+    assert all(m["infra_failure_rate"] == 0 for m in result.train)
+    return result.train

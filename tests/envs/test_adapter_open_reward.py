@@ -6,14 +6,13 @@ adapter speaks the standard's HTTP and SSE routes."""
 from __future__ import annotations
 
 import importlib.util
-import math
 import re
 import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import free_port, missing_tool, start_server, stop_server
+from tests.helpers import free_port, missing_tool, short_grpo_run, start_server, stop_server
 from turnrl.envs import check
 from turnrl.envs.adapters import OpenRewardEnv
 from turnrl.envs.adapters.served_tools import ProtocolError
@@ -245,22 +244,4 @@ def test_bad_arguments_are_refused():
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_short_grpo_run_trains_on_the_ors_env(server, tmp_path):
-    from omegaconf import OmegaConf
-
-    from turnrl.conf.schema import Config
-    from turnrl.train.loop import train
-
-    cfg = OmegaConf.structured(Config)
-    cfg.env.id = None
-    cfg.env._target_ = f"{__name__}.ReverseORS"
-    cfg.env.kwargs = {"url": server, "max_turns": 2}
-    cfg.agent.max_new_tokens = 24
-    cfg.agent.warmstart.update(dict(steps=4, batch_size=4, player="expert"))
-    cfg.agent.tokenizer.corpus_episodes = 8
-    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
-    cfg.trainer.update(dict(steps=2, tasks_per_step=2, group_size=2, eval_episodes=2, eval_every=100, threads=1,
-                            env_workers=1, progress=False, tensorboard=False, save_checkpoint=False))
-    result = train(OmegaConf.to_object(cfg), tmp_path)
-    assert len(result.train) == 2
-    assert all(math.isfinite(m["pg_loss"]) and m["turns"] >= 1 for m in result.train)
-    assert all(m["infra_failure_rate"] == 0 for m in result.train)
+    short_grpo_run(f"{__name__}.ReverseORS", {"url": server, "max_turns": 2}, tmp_path)

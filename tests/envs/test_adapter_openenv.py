@@ -5,17 +5,15 @@ Nothing is mocked: the adapter speaks the server's WebSocket protocol."""
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 pytest.importorskip("openenv.core", reason="the protocols extra (pip install 'turnrl[protocols]') is not installed")
 
-from tests.helpers import free_port, start_server, stop_server  # noqa: E402
+from tests.helpers import free_port, short_grpo_run, start_server, stop_server  # noqa: E402
 from turnrl.cli import main  # noqa: E402
 from turnrl.envs import check  # noqa: E402
 from turnrl.envs.adapters import OpenEnvEnv  # noqa: E402
@@ -352,23 +350,4 @@ def test_bad_arguments_are_refused_before_connecting():
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_short_grpo_run_trains_on_the_openenv_env(text_server, tmp_path):
-    from omegaconf import OmegaConf
-
-    from turnrl.conf.schema import Config
-    from turnrl.train.loop import train
-
-    cfg = OmegaConf.structured(Config)
-    cfg.env.id = None
-    cfg.env._target_ = f"{__name__}.ReverseOpenEnv"
-    cfg.env.kwargs = {"url": text_server, "max_turns": 2}
-    cfg.agent.max_new_tokens = 8
-    cfg.agent.warmstart.update(dict(steps=4, batch_size=4, player="expert"))
-    cfg.agent.tokenizer.corpus_episodes = 8
-    cfg.agent.model.update(dict(hidden_size=64, intermediate_size=128))
-    cfg.trainer.update(dict(steps=2, tasks_per_step=2, group_size=2, eval_episodes=2, eval_every=100, threads=1,
-                            env_workers=1, progress=False, tensorboard=False, save_checkpoint=False))
-    result = train(OmegaConf.to_object(cfg), tmp_path)
-    assert len(result.train) == 2
-    assert all(math.isfinite(m["pg_loss"]) and m["turns"] >= 1 for m in result.train)
-    assert all(m["infra_failure_rate"] == 0 for m in result.train)
-    assert np.isfinite([m["reward"] for m in result.train]).all()
+    short_grpo_run(f"{__name__}.ReverseOpenEnv", {"url": text_server, "max_turns": 2}, tmp_path, max_new_tokens=8)
