@@ -55,7 +55,7 @@ def test_truncated_importance_weights_token_and_sequence():
     assert truncated_is_weights(learner, sampler, mask, "token", 2.0)[0].tolist() == pytest.approx([0.5, 2.0, 0.0])
     assert truncated_is_weights(learner, sampler, mask, "sequence", 2.0)[0].tolist() == pytest.approx([1.5, 1.5, 0.0])
     assert truncated_is_weights(learner, sampler, mask, "none").tolist() == [[1.0, 1.0, 0.0]]
-    with pytest.raises(ValueError, match="level"):
+    with pytest.raises(ValueError, match="must be one of"):
         truncated_is_weights(learner, sampler, mask, "tokens")
     stats = logprob_mismatch(learner, sampler, mask)
     assert float(stats["mismatch_abs"]) == pytest.approx(math.log(2) + math.log(3))
