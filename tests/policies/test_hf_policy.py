@@ -7,7 +7,7 @@ import torch
 
 from turnrl.policies.sampling import SamplingParams
 from turnrl.policies.hf.policy import TransformersPolicy
-from turnrl.policies.hf.policy import sample_categorical
+from turnrl.policies.hf.policy import sample_categorical, top_p_logprobs
 from turnrl.algorithms import token_logprobs
 from tests.helpers import varied_prompts
 from tests.tolerances import logprob_tol_for
@@ -241,3 +241,14 @@ def test_a_model_trains_after_sampling_on_it_and_samples_again_after_the_step(to
     tol = logprob_tol_for(model, [p + g.token_ids for p, g in zip(batch, fresh)])
     torch.testing.assert_close(torch.tensor([lp for g in again for lp in g.logprobs]),
                                torch.tensor([lp for g in fresh for lp in g.logprobs]), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-6, 0.5])
+def test_a_nucleus_below_float32s_smallest_number_keeps_the_most_likely_id(top_p):
+    """``top_p`` of 1e-300 reads as 0 in float32: the most likely id stays (probability 1 once
+    renormalised), never an all-excluded row (NaN), as a random request body once found."""
+    logp = torch.log_softmax(torch.tensor([[2.0, 0.5, -1.0, 1.0], [0.0, 0.0, 0.0, 3.0]]), dim=-1)
+    cut = top_p_logprobs(logp, top_p)
+    assert torch.isfinite(cut.logsumexp(-1)).all() and torch.allclose(cut.exp().sum(-1), torch.ones(2))
+    if top_p < 0.1:
+        assert cut[0, 0] == 0 and cut[1, 3] == 0 and torch.isinf(cut[0, 1:]).all()

@@ -592,7 +592,9 @@ def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     probs = logp.exp()
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # the mass of the ids more likely than each
-    drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before >= top_p)
+    outside = before >= top_p
+    outside[..., 0] = False  # the most likely id, whatever top_p (one below float32's smallest reads as 0)
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, outside)
     return torch.log_softmax(logp.masked_fill(drop, -math.inf), dim=-1)
 
 
