@@ -263,3 +263,16 @@ def short_grpo_run(target: str, kwargs: dict, run_dir: Path, max_new_tokens: int
     assert all(math.isfinite(m["pg_loss"]) and math.isfinite(m["reward"]) and m["turns"] >= 1 for m in result.train)
     assert all(m["infra_failure_rate"] == 0 for m in result.train)
     return result.train
+
+
+def serve_script(folder: Path, source: str, ready_path: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """A test server: ``source`` written to ``folder/server.py`` and run as ``python server.py
+    *args PORT`` on a free loopback port, ready once ``ready_path`` answers; ``(process, base URL)``."""
+    import sys
+
+    (folder / "server.py").write_text(source)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server([sys.executable, str(folder / "server.py"), *args, str(port)], url + ready_path,
+                        folder / "server.log", cwd=folder)
+    return proc, url

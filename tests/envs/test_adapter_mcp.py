@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mcp.server.mcpserver", reason="the protocols extra (pip install 'turnrl[protocols]') is not installed")
 
-from tests.helpers import free_port, short_grpo_run, start_server, stop_server  # noqa: E402
+from tests.helpers import free_port, serve_script, short_grpo_run, start_server, stop_server  # noqa: E402
 from turnrl.envs import check  # noqa: E402
 from turnrl.envs.adapters import MCPEnv  # noqa: E402
 from turnrl.envs.adapters.served_tools import ProtocolError  # noqa: E402
@@ -60,12 +60,8 @@ TASKS = [{"prompt": f"What is {a} + {b}? Answer with the number only.", "a": a, 
 
 
 def serve(tmp_path_factory) -> tuple:
-    folder = tmp_path_factory.mktemp("mcp")
-    (folder / "server.py").write_text(SERVER)
-    port = free_port()
-    proc = start_server([sys.executable, str(folder / "server.py"), str(port)], f"http://127.0.0.1:{port}/mcp",
-                        folder / "server.log", cwd=folder)
-    return proc, f"http://127.0.0.1:{port}/mcp"
+    proc, url = serve_script(tmp_path_factory.mktemp("mcp"), SERVER, "/mcp")
+    return proc, url + "/mcp"
 
 
 @pytest.fixture(scope="module")

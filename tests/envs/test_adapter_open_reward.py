@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import free_port, missing_tool, short_grpo_run, start_server, stop_server
+from tests.helpers import missing_tool, serve_script, short_grpo_run, stop_server
 from turnrl.envs import check
 from turnrl.envs.adapters import OpenRewardEnv
 from turnrl.envs.adapters.served_tools import ProtocolError
@@ -104,12 +103,7 @@ SERVER = textwrap.dedent('''
 
 
 def serve(tmp_path_factory) -> tuple:
-    folder = tmp_path_factory.mktemp("ors")
-    (folder / "server.py").write_text(SERVER)
-    port = free_port()
-    proc = start_server([sys.executable, str(folder / "server.py"), str(port)], f"http://127.0.0.1:{port}/health",
-                        folder / "server.log", cwd=folder)
-    return proc, f"http://127.0.0.1:{port}"
+    return serve_script(tmp_path_factory.mktemp("ors"), SERVER, "/health")
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ Nothing is mocked: the adapter speaks the server's WebSocket protocol."""
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 
 import pytest
 
 pytest.importorskip("openenv.core", reason="the protocols extra (pip install 'turnrl[protocols]') is not installed")
 
-from tests.helpers import free_port, short_grpo_run, start_server, stop_server  # noqa: E402
+from tests.helpers import serve_script, short_grpo_run, stop_server  # noqa: E402
 from turnrl.cli import main  # noqa: E402
 from turnrl.envs import check  # noqa: E402
 from turnrl.envs.adapters import OpenEnvEnv  # noqa: E402
@@ -145,12 +144,7 @@ SERVER = textwrap.dedent('''
 
 
 def serve(tmp_path_factory, kind: str) -> tuple:
-    folder = tmp_path_factory.mktemp(f"openenv-{kind}")
-    (folder / "server.py").write_text(SERVER)
-    port = free_port()
-    proc = start_server([sys.executable, str(folder / "server.py"), kind, str(port)],
-                        f"http://127.0.0.1:{port}/health", folder / "server.log", cwd=folder)
-    return proc, f"http://127.0.0.1:{port}"
+    return serve_script(tmp_path_factory.mktemp(f"openenv-{kind}"), SERVER, "/health", kind)
 
 
 @pytest.fixture(scope="module")
