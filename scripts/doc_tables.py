@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +32,8 @@ from turnrl.bench.credit_lab.report import tables_markdown  # noqa: E402
 from turnrl.bench.record import Record, load  # noqa: E402
 from turnrl.bench.report import markdown  # noqa: E402
 from turnrl.bench.stats import RunRecord, summarize  # noqa: E402
-from turnrl.bench.suite import record_table  # noqa: E402
+from turnrl.bench.report import records_from_csv  # noqa: E402
+from turnrl.bench.suite import records_table  # noqa: E402
 from turnrl.envs.baselines import Baseline, format_table  # noqa: E402
 from turnrl.eval.report import EvalReport  # noqa: E402
 
@@ -310,13 +311,22 @@ def perf_targets(trl: Record, turns: Record, loop: Record, mfu: Record, sandbox:
     return markdown(["benchmark", "target", "measured", ""], rows)
 
 
+def _suite_records(r: Record) -> list[RunRecord]:
+    """The suite's runs from its committed per-seed CSVs (credit_suite_runs.csv: a row per run,
+    credit_suite_evals.csv: a row per evaluation), checked against the record's runs."""
+    records = records_from_csv(RESULTS / "credit_suite_runs.csv", RESULTS / "credit_suite_evals.csv")
+    key = lambda run: (run["env"], run["algorithm"], run["seed"], run["after"], [list(e) for e in run["evals"]])  # noqa: E731
+    if sorted(map(key, (asdict(x) for x in records))) != sorted(map(key, r.result["runs"])):
+        raise ValueError("docs/results/credit_suite_runs.csv / credit_suite_evals.csv do not hold the runs of "
+                         "credit_suite.json: copy them from the same suite run (scripts/records.sh credit_suite)")
+    return records
+
+
 def _suite_summaries(r: Record) -> list:
-    res = r.result
-    records = [RunRecord(**{**run, "evals": [tuple(e) for e in run["evals"]]}) for run in res["runs"]]
-    return summarize(records, res["baseline"], res["thresholds"])
+    return summarize(_suite_records(r), r.result["baseline"], r.result["thresholds"])
 
 
-def _suite_caption(r: Record) -> str:
+def _suite_caption(r: Record, detectable: bool = True) -> str:
     res = r.result
     methods = list(dict.fromkeys(run["algorithm"] for run in res["runs"]))
     seeds = res["seeds"]
@@ -324,9 +334,20 @@ def _suite_caption(r: Record) -> str:
             f"success, the mean of the last 3 evaluations of 256 episodes; [95% bootstrap CI] over seeds, each "
             f"interval on its own; p = the exact paired permutation test's p of the difference, Holm-adjusted over "
             f"the {len(methods) - 1} comparisons of an env (below 0.05: a difference the seeds support after the "
-            f"correction; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g}). `turn_returns` "
-            "and `turn_gae` aggregate the loss by token-mean, the others by seq-mean-token-mean (each config's "
-            "default), so their differences hold the aggregation's too.")
+            f"correction; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g})"
+            + ("; detectable diff = the smallest mean difference these seeds detect with 80% power after that "
+               "correction, given the measured spread of the per-seed differences" if detectable else "")
+            + ". " + _controls(res))
+
+
+def _controls(res: dict) -> str:
+    """What the record's methods share: the aggregation held fixed, or not."""
+    fixed = [o.split("=", 1)[1] for o in res.get("shared", []) if o.startswith("algorithm.loss_agg=")]
+    if fixed:
+        return (f"Every setting but the credit method is held fixed across methods (loss aggregation: {fixed[-1]}); "
+                f"declared factors: {', '.join(res.get('factors', [])) or 'none'}.")
+    return ("`turn_returns` and `turn_gae` aggregate the loss by token-mean, the others by seq-mean-token-mean (each "
+            "config's default), so their differences hold the aggregation's too.")
 
 
 def credit_suite_summary(r: Record) -> str:
@@ -348,13 +369,14 @@ def credit_suite_summary(r: Record) -> str:
                        f"p {ms[method].p_holm:.2f}")
         rows.append(row)
     head = ["env", f"{methods[0]}: before -> final"] + [f"{m}: diff, seeds ahead / behind, p" for m in methods[1:]]
-    return markdown(head, rows) + "\n\n" + _suite_caption(r)
+    return markdown(head, rows) + "\n\n" + _suite_caption(r, detectable=False)
 
 
 def credit_suite_env(env: str) -> Callable[[Record], str]:
     """The credit suite's table of one env (``turnrl.bench.suite.record_table``)."""
     def table(r: Record) -> str:
-        return record_table(r.result, env) + "\n\n" + _suite_caption(r) + (
+        res = r.result
+        return records_table(_suite_records(r), res["baseline"], res["thresholds"], env) + "\n\n" + _suite_caption(r) + (
             " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
     return table
 

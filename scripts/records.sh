@@ -5,14 +5,18 @@
 #
 #   scripts/records.sh            # every record (about an hour on 2 cores)
 #   scripts/records.sh sandbox    # the named ones (see RECORDS below)
-#   scripts/records.sh credit_suite  # the credit suite, 5 seeds (about 2 h on 2 cores; not in the
-#                                    # default list; rerun it to resume). Its per-run rows are kept
-#                                    # beside the record (credit_suite_runs.csv). MT-GRPO is left out:
-#                                    # without intermediate rewards it is GRPO exactly (a test says so)
+#   scripts/records.sh credit_suite  # the controlled credit suite, every method, 10 seeds (many hours
+#                                    # on 2 cores; not in the default list). Its runs are kept in
+#                                    # bench-runs/credit-suite (git-ignored): stop it any time and rerun
+#                                    # to resume. The record is written when every cell has run; its
+#                                    # per-seed rows (credit_suite_runs.csv, one per run;
+#                                    # credit_suite_evals.csv, one per evaluation) and the suite as it
+#                                    # ran (credit_suite.yaml) are kept beside it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=docs/results
+SUITE_OUT=bench-runs/credit-suite
 
 declare -A RECORDS=(
   [learner_loop]="scripts/bench_learner_loop.py --json $OUT/bench_learner_loop.json"
@@ -34,7 +38,7 @@ declare -A RECORDS=(
   [baselines]="-m turnrl baselines --json $OUT/baselines.json"
   [eval_demo]="scripts/eval_demo.py --json $OUT/eval_demo.json"
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
-  [credit_suite]="-m turnrl bench --suite credit --envs guess_number_long frozen_lake_long --methods grpo rloo turn_returns gigpo turn_gae --seeds 0 1 2 3 4 --workers 2 --no-progress --out ${TMPDIR:-/tmp}/turnrl-credit-suite --json $OUT/credit_suite.json"
+  [credit_suite]="-m turnrl bench --suite credit --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
 ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
@@ -55,7 +59,11 @@ for name in "${names[@]}"; do
   # shellcheck disable=SC2086
   "$PY" ${RECORDS[$name]}
   [[ $name == credit_lab ]] && cp "${TMPDIR:-/tmp}/turnrl-credit-lab/lab.png" docs/credit_lab.png
-  [[ $name == credit_suite ]] && cp "${TMPDIR:-/tmp}/turnrl-credit-suite/results.csv" $OUT/credit_suite_runs.csv
+  if [[ $name == credit_suite ]]; then
+    cp $SUITE_OUT/results.csv $OUT/credit_suite_runs.csv
+    cp $SUITE_OUT/evals.csv $OUT/credit_suite_evals.csv
+    cp $SUITE_OUT/suite.yaml $OUT/credit_suite.yaml
+  fi
   echo "== $name: $((SECONDS - start)) s"
 done
 "$PY" scripts/doc_tables.py

@@ -14,7 +14,7 @@ import yaml
 
 from turnrl.bench import record
 from turnrl.bench import suite as bench_suite
-from turnrl.bench.report import RunRecord
+from turnrl.bench.report import RunRecord, records_from_csv
 from turnrl.bench.suite import SuiteError, load_suite, parse_suite, plan_cells, write_reports
 from turnrl.cli import main as cli_main
 
@@ -36,12 +36,15 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 # ------------------------------------------------------------------------- the suite file
-def test_the_credit_suite_runs_the_issues_methods_with_five_seeds_against_grpo():
+def test_the_credit_suite_runs_every_method_with_ten_seeds_and_one_aggregation_against_grpo():
     suite = load_suite("credit")
-    assert [m.name for m in suite.methods] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae", "gspo",
-                                               "cispo", "grpo_token_mean", "turn_returns_seq_mean",
-                                               "turn_gae_seq_mean"]
-    assert suite.baseline == "grpo" and len(suite.seeds) >= 5 and len(suite.envs) == 2
+    assert [m.name for m in suite.methods][:8] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae",
+                                                   "gspo", "cispo"]
+    assert suite.baseline == "grpo" and suite.seeds == tuple(range(10)) and len(suite.envs) == 2
+    # the aggregation is held fixed; the methods that change it are the declared factor's levels
+    assert "algorithm.loss_agg=token-mean" in suite.shared and suite.factors == ("algorithm.loss_agg",)
+    factor_levels = [m for m in suite.methods if any(o.startswith("algorithm.loss_agg=") for o in m.overrides)]
+    assert [m.name for m in factor_levels] == ["grpo_seq_mean", "turn_returns_seq_mean", "turn_gae_seq_mean"]
     assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long"]
     for env in suite.envs:  # each env states its sample budget in its entry
         keys = {o.split("=")[0] for o in env.overrides}
@@ -123,6 +126,30 @@ def test_methods_with_unequal_sample_budgets_or_bad_overrides_fail_before_any_ru
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # composes every method's config (Hydra): seconds
+def test_a_method_that_changes_more_than_its_credit_is_refused_unless_the_key_is_a_declared_factor(tmp_path):
+    methods = {"grpo": [], "gigpo": ["algorithm.advantage_kwargs.omega=0.5"], "gspo": [],
+               "rloo": ["algorithm=rloo", "algorithm.loss_agg=token-mean", "trainer.lr=1e-4"]}
+    with pytest.raises(SuiteError, match=r"env guess: methods change settings beside their credit method.*"
+                                         r"rloo: algorithm.loss_agg: 'seq-mean-token-mean' -> 'token-mean', "
+                                         r"trainer.lr: 0.0003 -> 0.0001, against grpo\).*factors:"):
+        plan_cells(parse_suite(_suite(methods=methods), "tiny"), tmp_path)
+    methods["rloo"] = ["algorithm=rloo", "algorithm.loss_agg=token-mean"]  # gigpo, gspo: credit keys only
+    suite = parse_suite(_suite(methods=methods, factors=["algorithm.loss_agg"]), "tiny")
+    cells = plan_cells(suite, tmp_path)
+    settings = bench_suite.cell_settings(suite, cells)
+    assert {m: v["algorithm.loss_agg"] for m, v in settings["guess"].items()} == {
+        "grpo": "seq-mean-token-mean", "gigpo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean",
+        "rloo": "token-mean"}
+    assert "`algorithm.loss_agg` seq-mean-token-mean (grpo, gigpo, gspo), token-mean (rloo)" in \
+        bench_suite.controls_note(suite, settings)
+    # the shipped credit suite holds everything but the credit method fixed (or declared)
+    credit = load_suite("credit").select(envs=["guess_number_long"])
+    configs = {c.method: c.cfg for c in plan_cells(credit, tmp_path / "credit") if c.seed == 0}
+    assert bench_suite.uncontrolled_keys(configs, "grpo", credit.factors) == {}
+    assert {c.algorithm.loss_agg for m, c in configs.items() if not m.endswith("_seq_mean")} == {"token-mean"}
+
+
 # ------------------------------------------------------------------------- the reports, on hand-made runs
 def _record(method, seed, curve, env="guess"):
     after = statistics.fmean(s for _, s in curve[-3:])
@@ -155,6 +182,30 @@ def test_the_reports_hold_every_run_and_differences_consistent_with_them(tmp_pat
     page = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64," in page and "runs/rloo/1" in page and "bootstrap" in page
     assert (tmp_path / "curves.png").stat().st_size > 1000
+    # one row per env x method x seed x evaluation, beside the suite as it ran
+    evals = list(csv.DictReader((tmp_path / "evals.csv").open()))
+    assert len(evals) == 4 * 3 and evals[5] == {"env": "guess", "method": "grpo", "seed": "1", "step": "2",
+                                                 "sampled_episodes": "8", "success": "0.2"}
+    ran = yaml.safe_load((tmp_path / "suite.yaml").read_text())
+    assert ran["seeds"] == [0, 1] and ran["methods"]["rloo"] == ["algorithm=rloo"] and ran["baseline"] == "grpo"
+
+
+def test_tables_rebuilt_from_the_per_seed_csvs_equal_the_reports(tmp_path):
+    suite = parse_suite(_suite(), "tiny")
+    write_reports(suite, RECORDS, tmp_path)
+    rebuilt = records_from_csv(tmp_path / "results.csv", tmp_path / "evals.csv")
+    assert [(r.algorithm, r.seed, r.evals, r.after) for r in rebuilt] == \
+        [(r.algorithm, r.seed, r.evals, pytest.approx(r.after)) for r in RECORDS]
+    assert bench_suite.records_table(rebuilt, "grpo", suite.thresholds) in (tmp_path / "table.md").read_text()
+    rows = (tmp_path / "evals.csv").read_text().splitlines()
+    (tmp_path / "evals.csv").write_text("\n".join(r.replace(",0.6", ",0.9") for r in rows))
+    with pytest.raises(ValueError, match=r"\('guess', 'rloo', 0\): final .* is not the mean of its last 3"):
+        records_from_csv(tmp_path / "results.csv", tmp_path / "evals.csv")
+
+
+def test_a_table_refuses_methods_with_different_seeds():
+    with pytest.raises(ValueError, match=r"the methods ran different seeds .*'rloo': \[0\]"):
+        bench_suite.records_table(RECORDS[:3], "grpo", {"guess": 0.3})
 
 
 def test_the_cli_subcommand_runs_the_chosen_part_of_the_suite(tmp_path, monkeypatch, capsys):
@@ -219,7 +270,8 @@ def finished(tmp_path_factory):
 @pytest.mark.e2e
 def test_the_suite_trains_every_cell_and_writes_every_report(finished):
     _, out = finished
-    for name in ("results.csv", "summary.csv", "table.md", "curves.png", "report.html", "suite.json"):
+    for name in ("results.csv", "evals.csv", "suite.yaml", "summary.csv", "table.md", "curves.png", "report.html",
+                 "suite.json"):
         assert (out / name).is_file(), name
     runs = list(csv.DictReader((out / "results.csv").open()))
     assert [(r["env"], r["method"], r["seed"]) for r in runs] == [("guess", m, s) for m in ("grpo", "rloo")
@@ -292,6 +344,10 @@ def test_report_only_rebuilds_the_reports_from_finished_runs_whatever_their_conf
         assert (out / name).is_file(), name
     after = list(csv.DictReader((out / "results.csv").open()))
     assert after == [r for r in before if (r["method"], r["seed"]) != ("rloo", "1")]
+    # a record compares methods on the same seeds: not with rloo's seed 1 missing
+    target = tmp_path / "record.json"
+    assert cli_main(["bench", "--suite", str(path), "--out", str(out), "--report-only", "--json", str(target)]) == 2
+    assert "no record written: the methods ran different seeds" in capsys.readouterr().err and not target.exists()
     # nothing finished: a clear error
     assert cli_main(["bench", "--suite", str(path), "--out", str(tmp_path / "empty"), "--report-only"]) == 2
     assert "holds no finished run" in capsys.readouterr().err

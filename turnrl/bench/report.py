@@ -146,7 +146,7 @@ def html_report(records: list[RunRecord], title: str, plot_path: str | Path, pat
 
 # ------------------------------------------------------------------------- the suite's tables
 SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI]", "seeds ahead / behind",
-              "p: sign / exact paired / Holm",
+              "p: sign / exact paired / Holm", "detectable diff (80% power)",
               "episodes to {threshold:g} (seeds reached)", "AUC [95% CI]", "tokens / run", "wall time / run"]
 
 
@@ -169,8 +169,15 @@ def suite_rows(summaries: Sequence[MethodSummary]) -> dict[str, list[list[str]]]
             "baseline" if m.diff is None else m.diff.format(signed=True),
             "" if m.diff is None else f"{m.ahead} / {m.behind}",
             "" if m.p_exact is None else f"{m.p_sign:.3g} / {m.p_exact:.3g} / {m.p_holm:.3g}",
+            _detectable(m.detectable),
             f"{samples} ({m.reached}/{len(m.seeds)})", m.auc.format(), _count(m.tokens), f"{m.wall_s:.0f} s"])
     return tables
+
+
+def _detectable(value: float | None) -> str:
+    if value is None:
+        return ""
+    return "none (too few seeds)" if math.isinf(value) else f"±{value:.2f}"
 
 
 def suite_head(baseline: str, threshold: float) -> list[str]:
@@ -207,6 +214,50 @@ def run_rows(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[st
     return rows
 
 
+EVAL_COLUMNS = ["env", "method", "seed", "step", "sampled_episodes", "success"]
+
+
+def eval_rows(records: Sequence[RunRecord]) -> list[dict]:
+    """One row per (env, method, seed, evaluation), keys as ``EVAL_COLUMNS``: the RL step, the
+    episodes sampled by then (step x episodes per step) and held-out success there."""
+    return [{"env": r.env, "method": r.algorithm, "seed": r.seed, "step": step,
+             "sampled_episodes": step * r.episodes_per_step, "success": success}
+            for r in records for step, success in r.evals]
+
+
+def records_from_csv(runs_csv: str | Path, evals_csv: str | Path) -> list[RunRecord]:
+    """The runs of a suite rebuilt from its two CSVs (``results.csv``: one row per run,
+    ``RUN_COLUMNS``; ``evals.csv``: one row per evaluation, ``EVAL_COLUMNS``), so tables come
+    from the committed per-seed results.
+
+    Raises:
+        ValueError: When a run has no evaluations in ``evals_csv``, or its final success is not
+            the mean of its last 3 evaluations there (the two files are not of one suite run).
+    """
+    def read(path):
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+    evals: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
+    for row in read(evals_csv):
+        evals.setdefault((row["env"], row["method"], int(row["seed"])), []).append((int(row["step"]),
+                                                                                    float(row["success"])))
+    records = []
+    for row in read(runs_csv):
+        key = (row["env"], row["method"], int(row["seed"]))
+        if key not in evals:
+            raise ValueError(f"{evals_csv} has no evaluations of {key} from {runs_csv}")
+        run = RunRecord(row["method"], key[2], float(row["before"]), float(row["final"]), sorted(evals[key]),
+                        float(row["wall_s"]), row["run_dir"], key[0], int(row["episodes_per_step"]),
+                        int(row["sampled_episodes"]), int(row["sampled_tokens"]))
+        last = [v for _, v in run.evals[-3:]]
+        if abs(statistics.fmean(last) - run.after) > 1e-9:
+            raise ValueError(f"{key}: final {run.after} in {runs_csv} is not the mean of its last 3 evaluations "
+                             f"in {evals_csv} ({last})")
+        records.append(run)
+    return records
+
+
 def write_csv(rows: Sequence[Mapping[str, object]], columns: Sequence[str], path: str | Path) -> None:
     """``rows`` as CSV with a header line; None is written as an empty cell."""
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -223,7 +274,9 @@ def summary_csv_rows(summaries: Sequence[MethodSummary]) -> list[dict]:
         return {f"{name}_mean": i.mean, f"{name}_low": i.low, f"{name}_high": i.high}
 
     return [{"env": m.env, "method": m.method, "seeds": len(m.seeds), **bounds("final", m.final),
-             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind, **bounds("auc", m.auc),
+             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind,
+             "p_sign": m.p_sign, "p_exact": m.p_exact, "p_holm": m.p_holm, "detectable_diff": m.detectable,
+             **bounds("auc", m.auc),
              "threshold": m.threshold,
              "episodes_to_threshold_median": m.samples_median, "seeds_reached": m.reached,
              "sampled_tokens_mean": m.tokens, "wall_s_mean": round(m.wall_s, 1)} for m in summaries]
@@ -237,7 +290,12 @@ def suite_html(summaries: Sequence[MethodSummary], records: Sequence[RunRecord],
              f"run's last 3 evaluations; AUC the mean over all its evaluations. Every interval is a 95% percentile "
              f"bootstrap interval of the mean over seeds (n/a with one seed); the difference against "
              f"{html.escape(baseline)} pairs runs of the same seed, and the seeds ahead / behind count those pairs "
-             f"whose final success is above / below {html.escape(baseline)}'s. Episodes to the threshold: the median "
+             f"whose final success is above / below {html.escape(baseline)}'s. p: the exact sign test, the exact "
+             f"paired permutation (sign-flip) test, and the latter Holm-adjusted over the env's comparisons with "
+             f"{html.escape(baseline)}. Detectable diff: the smallest mean difference these seeds would detect with "
+             f"80% power at 0.05 after that correction, given the measured spread of the per-seed differences (a "
+             f"power analysis: a method whose interval holds 0 differs by less than this, or the suite could not "
+             f"tell). Episodes to the threshold: the median "
              f"over seeds of the episodes sampled until held-out success first reached it (a seed that never did "
              f"counts as infinitely many). Plot: {html.escape(caption)}.</p>")
     tables = "".join(f"<h2>{html.escape(env)}</h2>" + html_table(suite_head(baseline, thresholds[env]), rows)

@@ -20,6 +20,7 @@ there is nothing to resample: the interval is NaN (shown as "n/a"), never the po
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -200,6 +201,38 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def detectable_effect(n: int, comparisons: int = 1, alpha: float = 0.05, power: float = 0.8, trials: int = 2000,
+                      seed: int = 0) -> float:
+    """The smallest mean paired difference, in standard deviations of the per-seed differences,
+    that ``n`` seed pairs detect with probability ``power``: ``exact_paired_p`` below
+    ``alpha / comparisons`` (the Bonferroni bound of Holm's first step, so conservative for
+    Holm) in ``trials`` simulated experiments of normal differences. Found by bisection with one
+    set of draws for every effect tried (common random numbers: the estimate is monotone).
+    ``inf`` when even an effect of 100 sd would not do (``n`` too small for the level: with 5
+    pairs no p is below 0.0625). The suite's power analysis: times a method's measured sd of
+    differences it is the difference the suite could have detected."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((trials, n))
+    if n <= EXACT_FLIPS:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = rng.choice([-1, 1], size=(RESAMPLES, n))
+
+    def rejects(effect: float) -> float:
+        data = noise + effect
+        p = np.mean(np.abs(data @ signs.T) >= np.abs(data.sum(axis=1, keepdims=True)) * (1 - 1e-12), axis=1)
+        return float(np.mean(p < alpha / comparisons))
+
+    low, high = 0.0, 100.0
+    if rejects(high) < power:
+        return math.inf
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if rejects(mid) < power else (low, mid)
+    return high
+
+
 def samples_to_threshold(evals: Sequence[tuple[int, float]], threshold: float, episodes_per_step: int) -> int | None:
     """Sampled episodes until held-out success first reaches ``threshold``.
 
@@ -254,6 +287,10 @@ class MethodSummary:
     p_sign: float | None
     p_exact: float | None
     p_holm: float | None
+    # the power analysis: the smallest mean difference these seeds detect with 80% power after
+    # the env's multiple-comparison correction (detectable_effect x the sd of the per-seed
+    # differences; None for the baseline or with fewer than 2 pairs; inf: no difference could be)
+    detectable: float | None
     # success threshold of samples_to_threshold, and its median over seeds (None: not reached)
     threshold: float
     samples_median: float | None
@@ -301,17 +338,18 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
             raise ValueError(f"no success threshold for env {env!r} (thresholds for {sorted(thresholds)})")
         final = {s: r.after for s, r in runs.items()}
         base = by_cell.get((env, baseline))
-        diff, ahead, behind, p_sign, p_exact = None, 0, 0, None, None
+        diff, ahead, behind, p_sign, p_exact, spread = None, 0, 0, None, None, None
         if method != baseline and base is not None:
             base_final = {s: r.after for s, r in base.items()}
             diff = paired_ci(final, base_final, seed=seed)
             deltas = list(paired_differences(final, base_final).values())
             ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
             p_sign, p_exact = sign_test_p(deltas), exact_paired_p(deltas, seed)
+            spread = float(np.std(deltas, ddof=1)) if len(deltas) > 1 else None
         samples = [samples_to_threshold(r.evals, thresholds[env], r.episodes_per_step) for r in runs.values()]
         out.append(MethodSummary(
             env=env, method=method, seeds=tuple(sorted(runs)), final=bootstrap_ci(list(final.values()), seed=seed),
-            diff=diff, ahead=ahead, behind=behind, p_sign=p_sign, p_exact=p_exact, p_holm=None,
+            diff=diff, ahead=ahead, behind=behind, p_sign=p_sign, p_exact=p_exact, p_holm=None, detectable=spread,
             threshold=thresholds[env], samples_median=median_samples(samples),
             reached=sum(s is not None for s in samples),
             auc=bootstrap_ci([auc(r.evals) for r in runs.values()], seed=seed),
@@ -320,7 +358,9 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
     for env in dict.fromkeys(m.env for m in out):  # Holm over each env's comparisons with the baseline
         tested = [i for i, m in enumerate(out) if m.env == env and m.p_exact is not None]
         for i, adjusted in zip(tested, holm([out[i].p_exact for i in tested])):
-            out[i] = replace(out[i], p_holm=adjusted)
+            sd = out[i].detectable  # the sd of the differences, until scaled here
+            detectable = None if sd is None else detectable_effect(len(out[i].seeds), len(tested)) * sd
+            out[i] = replace(out[i], p_holm=adjusted, detectable=detectable)
     return out
 
 

@@ -5,7 +5,8 @@ A suite (``turnrl/conf/suite/NAME.yaml``, format in ``credit.yaml``) names envs,
 algorithm config plus overrides), seeds, a baseline method and a success threshold. Every
 (env, method, seed) is a *cell*: one ``turnrl.train.loop.train`` run in ``OUT/ENV/METHOD/seedN``.
 ``plan_cells`` composes and validates every cell's config before any trains, and checks that
-the methods of an env share the sample budget and the evaluation. Warm starts are made once
+the methods of an env share the sample budget, the evaluation and every other setting but their
+credit method (``METHOD_KEYS``) and the suite's declared ``factors``. Warm starts are made once
 per (env, seed) into ``OUT/warm_start`` (``agent.warmstart.cache``) and loaded by every method's
 run, so the methods of a seed start RL from the same model; ``agent.warmstart.seed=N`` in the
 suite's overrides makes every seed share one. ``run_suite`` trains the
@@ -13,6 +14,8 @@ cells not finished yet (a finished cell holds ``bench_record.json``; a rerun of 
 skips it), then writes into the out dir:
 
 - ``results.csv``: one row per run, every figure (``turnrl.bench.report.RUN_COLUMNS``);
+- ``evals.csv``: one row per run and evaluation (``EVAL_COLUMNS``): with results.csv, what
+  ``records_from_csv`` rebuilds the tables from; ``suite.yaml``: the suite as it ran;
 - ``summary.csv``: one row per (env, method): means, interval bounds, medians;
 - ``table.md``: per env, per method: final held-out success, the paired difference against the
   baseline, episodes to the threshold, AUC (intervals: ``turnrl.bench.stats``), tokens, wall time;
@@ -35,12 +38,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from turnrl.bench import record as bench_record
 from turnrl.bench.grid import compose_config, train_cell
-from turnrl.bench.report import (RUN_COLUMNS, RunRecord, markdown, plot_panels, run_rows, suite_head, suite_html,
-                                 suite_rows, suite_table, summary_csv_rows, write_csv)
+from turnrl.bench.report import (EVAL_COLUMNS, RUN_COLUMNS, RunRecord, eval_rows, markdown, plot_panels, run_rows,
+                                 suite_head, suite_html, suite_rows, suite_table, summary_csv_rows, write_csv)
 from turnrl.bench.stats import MethodSummary, pointwise_band, summarize
 from turnrl.conf.schema import Config
 from turnrl.algorithms.distributed import LOCAL_PROCESSES_ENV, set_torch_threads
@@ -61,7 +65,13 @@ WARM_START_DIR = "warm_start"
 # trainer fields every method of an env must share: the sample budget (steps x tasks_per_step x
 # group_size episodes) and the held-out evaluation the figures are read from
 BUDGET_KEYS = ("steps", "tasks_per_step", "group_size", "eval_every", "eval_episodes")
-TOP_KEYS = ("shared", "seeds", "baseline", "threshold", "envs", "methods")
+TOP_KEYS = ("shared", "factors", "seeds", "baseline", "threshold", "envs", "methods")
+# config keys (dotted, prefixes) that make up a credit method: the estimator and its arguments, the
+# policy loss and its own clip, the critic. The methods of an env may differ in these; every other
+# key is held fixed across them unless the suite declares it a factor (``factors``)
+METHOD_KEYS = ("algorithm.advantage", "algorithm.advantage_kwargs.", "algorithm.policy_loss", "algorithm.gspo_",
+               "algorithm.cispo_", "algorithm.turn_ppo_", "algorithm.critic", "algorithm.value_clip",
+               "algorithm.vf_coef", "algorithm.state_similarity")
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 BAND_CAPTION = "band: pointwise 95% bootstrap interval of the mean over seeds"
 
@@ -105,6 +115,9 @@ class Suite:
     baseline: str
     # overrides of every cell, before the env's and the method's
     shared: tuple[str, ...] = ()
+    # config keys (dotted) beside the credit method (METHOD_KEYS) that methods may set differently:
+    # crossed as factors and shown beside each method; every other key is held fixed
+    factors: tuple[str, ...] = ()
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -236,7 +249,10 @@ def parse_suite(data: object, name: str, source: str = "<suite>") -> Suite:
     if baseline not in [m.name for m in methods]:
         raise fail(f"baseline {baseline!r} is not one of the methods {[m.name for m in methods]}; the paired "
                    "differences are taken against it")
-    return Suite(name, tuple(envs), tuple(methods), tuple(seeds), baseline, shared)
+    factors = data.get("factors") or []
+    if not isinstance(factors, list) or not all(isinstance(f, str) and f and "=" not in f for f in factors):
+        raise fail(f"factors must be a list of dotted config keys (e.g. algorithm.loss_agg), got {factors!r}")
+    return Suite(name, tuple(envs), tuple(methods), tuple(seeds), baseline, shared, tuple(factors))
 
 
 def _key(override: str) -> str:
@@ -303,6 +319,7 @@ def plan_cells(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> 
     cells = []
     for env in suite.envs:
         budgets: dict[tuple, list[str]] = {}
+        composed_by_method: dict[str, Config] = {}
         for method in suite.methods:
             try:  # composed once per (env, method): the seeds' configs differ in seed alone (no interpolation)
                 composed = compose_config([*suite.shared, *env.overrides, *method.overrides, f"seed={suite.seeds[0]}",
@@ -312,6 +329,7 @@ def plan_cells(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> 
                     composed.agent.warmstart.cache = str(out / WARM_START_DIR)
             except Exception as e:  # Hydra's and validate's errors, with the cell they are about
                 raise SuiteError(f"env {env.name}, method {method.name}: {e}") from e
+            composed_by_method[method.name] = composed
             for seed in suite.seeds:
                 where = f"env {env.name}, method {method.name}, seed {seed}"
                 cfg = copy.deepcopy(composed)
@@ -331,7 +349,50 @@ def plan_cells(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> 
                               for b, names in budgets.items())
             raise SuiteError(f"env {env.name}: the methods differ in sample budget or evaluation ({shown}); set "
                              "those in shared or in the env's overrides, not in a method's")
+        uncontrolled = uncontrolled_keys(composed_by_method, suite.baseline, suite.factors)
+        if uncontrolled:
+            shown = "; ".join(f"{m}: {', '.join(keys)}" for m, keys in uncontrolled.items())
+            raise SuiteError(f"env {env.name}: methods change settings beside their credit method, so their "
+                             f"differences would not be the credit method's alone ({shown}, against "
+                             f"{suite.baseline}); set them for every method in shared, or declare the keys under "
+                             "factors: to compare them on purpose")
     return cells
+
+
+def _flat(node, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict) and node:
+        return {k: v for key, child in node.items() for k, v in _flat(child, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def flat_config(cfg: Config) -> dict[str, object]:
+    """``cfg`` as dotted keys: ``{"algorithm.loss_agg": "token-mean", ...}``."""
+    return _flat(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
+
+
+def _is_factor(key: str, factors: Sequence[str]) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in factors)
+
+
+def uncontrolled_keys(configs: dict[str, Config], baseline: str, factors: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Per method, the keys its config sets differently from the baseline's besides its credit
+    method (``METHOD_KEYS``) and the declared ``factors`` (``"key: baseline's -> method's"``);
+    methods without any are left out. The suite runs only when this is empty: then two methods'
+    difference is their credit method's (and the declared factors')."""
+    base = flat_config(configs[baseline])
+    out = {}
+    for name, cfg in configs.items():
+        mine = flat_config(cfg)
+        keys = sorted(k for k in base.keys() | mine.keys() if base.get(k) != mine.get(k)
+                      and not k.startswith(METHOD_KEYS) and not _is_factor(k, factors))
+        if keys:
+            out[name] = [f"{k}: {base.get(k)!r} -> {mine.get(k)!r}" for k in keys]
+    return out
+
+
+def factor_values(cfg: Config, factors: Sequence[str]) -> dict[str, object]:
+    """The declared factors' values in ``cfg`` (a factor naming a mapping gives its dotted keys)."""
+    return {k: v for k, v in flat_config(cfg).items() if _is_factor(k, factors)}
 
 
 def _read_record(run_dir: Path) -> dict | None:
@@ -420,8 +481,16 @@ def run_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = (), prog
     finally:
         bar.close()
     records = [c.record for c in cells]
-    write_reports(suite, records, out, overrides)
+    write_reports(suite, records, out, overrides, cell_settings(suite, cells))
     return records
+
+
+def cell_settings(suite: Suite, cells: Sequence[Cell]) -> dict[str, dict[str, dict]]:
+    """env -> method -> the declared factors' values of its cells' config."""
+    out: dict[str, dict[str, dict]] = {}
+    for cell in cells:
+        out.setdefault(cell.env, {}).setdefault(cell.method, factor_values(cell.cfg, suite.factors))
+    return out
 
 
 def _share_cores(workers: int) -> None:
@@ -457,22 +526,60 @@ def fill_warm_start_cache(cfg: Config, progress: bool = True) -> Path | None:
 
 
 def write_reports(suite: Suite, records: Sequence[RunRecord], out: str | Path,
-                  overrides: Sequence[str] = ()) -> list[MethodSummary]:
-    """Write results.csv, summary.csv, table.md, curves.png and report.html into ``out``;
-    returns the per-(env, method) summaries."""
+                  overrides: Sequence[str] = (), settings: dict[str, dict[str, dict]] | None = None
+                  ) -> list[MethodSummary]:
+    """Write results.csv (a row per run), evals.csv (a row per run and evaluation), suite.yaml
+    (the suite as it ran), summary.csv, table.md, curves.png and report.html into ``out``;
+    returns the per-(env, method) summaries.
+
+    Args:
+        settings: env -> method -> the declared factors' values (``factor_values``), shown
+            under the tables and kept in suite.yaml.
+    """
     out = Path(out)
     summaries = summarize(records, suite.baseline, suite.thresholds)
     write_csv(run_rows(records, suite.baseline, suite.thresholds), RUN_COLUMNS, out / "results.csv")
+    write_csv(eval_rows(records), EVAL_COLUMNS, out / "evals.csv")
+    (out / "suite.yaml").write_text(yaml.safe_dump(suite_as_run(suite, overrides, settings), sort_keys=False))
     rows = summary_csv_rows(summaries)
     write_csv(rows, list(rows[0]), out / "summary.csv")
     title = (f"turnrl suite {suite.name}: {len(suite.envs)} env(s) x {len(suite.methods)} methods x "
              f"{len(suite.seeds)} seeds" + (f" ({' '.join(overrides)})" if overrides else ""))
-    (out / "table.md").write_text(f"# {title}\n\n{suite_table(summaries, suite.baseline)}\n")
+    controls = controls_note(suite, settings)
+    (out / "table.md").write_text(f"# {title}\n\n{suite_table(summaries, suite.baseline)}\n\n{controls}\n")
     panels = {env.name: [r for r in records if r.env == env.name] for env in suite.envs}
     plot_panels(panels, out / "curves.png", x="episodes", band=pointwise_band, caption=BAND_CAPTION)
     suite_html(summaries, records, suite.baseline, suite.thresholds, title, BAND_CAPTION, out / "curves.png",
                out / "report.html")
     return summaries
+
+
+def suite_as_run(suite: Suite, overrides: Sequence[str] = (), settings: dict | None = None) -> dict:
+    """The suite as it ran, in its file's format plus the command line's overrides and each
+    method's factor values: what ``suite.yaml`` beside the per-seed CSVs holds."""
+    return {"suite": suite.name, "shared": list(suite.shared), "factors": list(suite.factors),
+            "seeds": list(suite.seeds), "baseline": suite.baseline,
+            "envs": {e.name: {"overrides": list(e.overrides), "threshold": e.threshold} for e in suite.envs},
+            "methods": {m.name: list(m.overrides) for m in suite.methods}, "overrides": list(overrides),
+            "factor_values": settings or {}}
+
+
+def controls_note(suite: Suite, settings: dict[str, dict[str, dict]] | None = None) -> str:
+    """What the methods share and what they do not, in a sentence under the tables."""
+    note = ("Held fixed across methods: every setting but the credit method (the advantage estimator and its "
+            "arguments, the policy loss and its own clip, the critic)")
+    if not suite.factors:
+        return note + "."
+    values: dict[str, dict[str, list[str]]] = {}
+    for per_method in (settings or {}).values():
+        for method, factors in per_method.items():
+            for key, value in factors.items():
+                names = values.setdefault(key, {}).setdefault(str(value), [])
+                if method not in names:
+                    names.append(method)
+    shown = "; ".join(f"`{key}` " + ", ".join(f"{v} ({', '.join(ms)})" for v, ms in by_value.items())
+                      for key, by_value in values.items())
+    return note + f", and the declared factors: {shown or ', '.join(suite.factors)}."
 
 
 def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -> tuple[list[RunRecord], list[str]]:
@@ -488,7 +595,7 @@ def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -
         SuiteError: When ``out`` holds no finished cell of ``suite``.
     """
     out = Path(out)
-    records, missing = [], []
+    records, missing, settings = [], [], {}
     for env in suite.envs:
         for method in suite.methods:
             for seed in suite.seeds:
@@ -497,10 +604,13 @@ def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -
                     missing.append(f"{env.name}/{method.name}/seed{seed}")
                 else:
                     records.append(saved["record"])
+                    flat = _flat(OmegaConf.to_container(OmegaConf.create(saved["config"])))
+                    settings.setdefault(env.name, {}).setdefault(
+                        method.name, {k: v for k, v in flat.items() if _is_factor(k, suite.factors)})
     if not records:
         raise SuiteError(f"{out} holds no finished run of suite {suite.name!r} ({len(missing)} cells, none with "
                          f"{RECORD_FILE}); run it first, without --report-only")
-    write_reports(suite, records, out, overrides)
+    write_reports(suite, records, out, overrides, settings)
     return records, missing
 
 
@@ -508,20 +618,56 @@ def write_record(path: str | Path, suite: Suite, records: Sequence[RunRecord], o
                  missing: Sequence[str] = ()) -> None:
     """Write the suite's runs as a benchmark record (``turnrl.bench.record``) at ``path``: every
     run's figures, the baseline and thresholds, the overrides and the cells not run, from which
-    ``record_table`` rebuilds the suite's tables."""
+    ``record_table`` rebuilds the suite's tables.
+
+    Raises:
+        SuiteError: When the methods of an env ran different seeds (a record compares methods on
+            the same seeds: run the missing cells, or select the seeds every method has).
+    """
+    uneven = unequal_seeds(records)
+    if uneven:
+        raise SuiteError(f"no record written: the methods ran different seeds ({uneven}); run the missing cells, or "
+                         "pass --seeds with the seeds every method has")
     bench_record.write(path, {"suite": suite.name, "baseline": suite.baseline, "thresholds": suite.thresholds,
-                              "seeds": list(suite.seeds), "overrides": list(overrides), "missing": list(missing),
+                              "seeds": list(suite.seeds), "shared": list(suite.shared), "factors": list(suite.factors),
+                              "overrides": list(overrides), "missing": list(missing),
                               "runs": [asdict(r) for r in records]})
+
+
+def unequal_seeds(records: Sequence[RunRecord]) -> dict[str, dict[str, list[int]]]:
+    """Per env whose methods do not all have the same seeds, each method's seeds (empty when every
+    method of every env ran the same seeds: a table that compares methods needs that)."""
+    seeds: dict[str, dict[str, set[int]]] = {}
+    for r in records:
+        seeds.setdefault(r.env, {}).setdefault(r.algorithm, set()).add(r.seed)
+    return {env: {m: sorted(s) for m, s in by_method.items()} for env, by_method in seeds.items()
+            if len({frozenset(s) for s in by_method.values()}) > 1}
 
 
 def record_table(result: dict, env: str | None = None) -> str:
     """The suite's Markdown table(s) from a record's ``result`` (``write_record``): every env's
     section as ``table.md`` shows it, or only ``env``'s table."""
     records = [RunRecord(**{**run, "evals": [tuple(e) for e in run["evals"]]}) for run in result["runs"]]
-    summaries = summarize(records, result["baseline"], result["thresholds"])
+    return records_table(records, result["baseline"], result["thresholds"], env)
+
+
+def records_table(records: Sequence[RunRecord], baseline: str, thresholds: dict[str, float],
+                  env: str | None = None) -> str:
+    """``record_table`` of runs (e.g. ``turnrl.bench.report.records_from_csv`` of the committed
+    per-seed CSVs).
+
+    Raises:
+        ValueError: When the methods of an env ran different seeds (no method may have fewer
+            seeds than another in a published table: finish the suite, or select common seeds).
+    """
+    uneven = unequal_seeds(records)
+    if uneven:
+        raise ValueError(f"the methods ran different seeds ({uneven}); a table compares methods on the same seeds: "
+                         "run the missing cells, or pass --seeds with the seeds every method has")
+    summaries = summarize(records, baseline, thresholds)
     if env is None:
-        return suite_table(summaries, result["baseline"])
-    return markdown(suite_head(result["baseline"], result["thresholds"][env]), suite_rows(summaries)[env])
+        return suite_table(summaries, baseline)
+    return markdown(suite_head(baseline, thresholds[env]), suite_rows(summaries)[env])
 
 
 def run_from_args(args) -> int:
@@ -544,7 +690,11 @@ def run_from_args(args) -> int:
         if missing:
             print(f"turnrl bench: {len(missing)} cell(s) not run, left out: {', '.join(missing)}", file=sys.stderr)
         if getattr(args, "json", None):
-            write_record(args.json, suite, records, args.overrides, missing)
+            try:
+                write_record(args.json, suite, records, args.overrides, missing)
+            except SuiteError as e:
+                print(f"turnrl bench: error: {e}", file=sys.stderr)
+                return 2
         print((out / "table.md").read_text(), end="")
         print(f"report: {out / 'report.html'} ({len(records)} runs)")
         return 0
