@@ -381,6 +381,23 @@ def credit_suite_env(env: str) -> Callable[[Record], str]:
     return table
 
 
+def corrections(r: Record) -> str:
+    """Each off-policy correction on asynchronous rollouts at staleness 1 and 2 against the
+    synchronous run: mismatch, importance weight, masked share, reward."""
+    s = r.result["setup"]
+    rows = [[f"`{name}`" if name != "sync" else "synchronous (k = 0)", f"{v['mismatch_kl']:.1e}",
+             f"{v['policy_lag']:.2f}", f"{v['tis_weight']:.3f}" if name != "sync" else "",
+             f"{v['tis_masked']:.1%}" if name != "sync" else "", f"{v['reward_late']:.3f}",
+             f"{v['success_before']:.2f} -> {v['success_after']:.2f}"]
+            for name, v in r.result["sides"].items()]
+    return (markdown(["`algorithm.tis`, staleness", "mismatch KL / token", "policy lag", "mean IS weight",
+                      "tokens masked", "training reward (2nd half)", "held-out success"], rows)
+            + f"\n\nThe `make train` defaults, {s['steps']} RL steps, one shared warm start, means over steps and over "
+            f"seeds {', '.join(map(str, s['seeds']))}; held-out success on {s['eval_episodes']} episodes. Mismatch KL: "
+            "the sampler's policy against the learner's on the sampled tokens. Short runs of a tiny model: the "
+            "rewards say whether a correction trains at all, not which trains best.")
+
+
 def weight_push(r: Record) -> str:
     """Seconds per weight push to a vLLM server: over HTTP (no shared disk) against a shared folder."""
     s, res = r.result["setup"], r.result
@@ -442,6 +459,7 @@ TABLES: dict[str, Table] = {
     "weight_push": _one("bench_weight_push.json", weight_push),
     "gateway": _one("bench_gateway.json", gateway),
     "routing": _one("bench_routing.json", routing),
+    "corrections": _one("bench_corrections.json", corrections),
     "learner_loop": _one("bench_learner_loop.json", learner_loop),
     "learner_scaling": _one("bench_learner_scaling.json", learner_scaling),
     "segments": _one("bench_segments.json", segments),

@@ -33,6 +33,7 @@ declare -A RECORDS=(
   [gateway]="scripts/bench_gateway.py --json $OUT/bench_gateway.json"
   [scale]="scripts/bench_scale.py --json $OUT/bench_scale.json"
   [async]="scripts/bench_async.py --json $OUT/bench_async.json"
+  [corrections]="scripts/bench_corrections.py --json $OUT/bench_corrections.json"
   [keep_rollouts]="scripts/bench_keep_rollouts.py --json $OUT/bench_keep_rollouts.json"
   [view]="scripts/bench_view.py --json $OUT/bench_view.json"
   [baselines]="-m turnrl baselines --json $OUT/baselines.json"
@@ -41,7 +42,7 @@ declare -A RECORDS=(
   [credit_suite]="-m turnrl bench --suite credit --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
-ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
+ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async corrections keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
        readme_demo)
 
 if [[ -n "$(git status --porcelain --untracked-files=no -- turnrl scripts)" ]]; then
