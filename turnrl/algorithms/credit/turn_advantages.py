@@ -24,6 +24,9 @@ from turnrl.algorithms.credit.groups import STAT_DTYPE, group_normalize, leave_o
 from turnrl.algorithms.credit.turns import discounted_turn_returns, turn_valid, turns_to_tokens
 
 NORMALIZATIONS = ("std", "mean")
+"""GiGPO's ``normalize`` values: divide by the group std, or centre only."""
+NORMALIZATION_ALIASES = {"mean_std_norm": "std", "mean_norm": "mean"}
+"""The GiGPO authors' names for them (their published scripts use ``mean_norm``)."""
 
 
 def _turn_keys(group_index: torch.Tensor, k_max: int) -> torch.Tensor:
@@ -82,22 +85,28 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
       turn without a state key (index -1) gets only ``A^E``.
     * Turn ``k``'s tokens get ``A^E_i + omega * A^S_{i,k}``.
 
-    ``F`` is the std of the group (``normalize="std"``, plus eps) or 1 (``"mean"``, mean
-    centring only, the paper's alternative that avoids inflating near-uniform groups).
+    ``F`` is the std of the group (``normalize="std"``, plus eps; the default) or 1
+    (``"mean"``, mean centring only, the paper's alternative that avoids inflating
+    near-uniform groups). The authors' names are accepted too: ``"mean_std_norm"`` is
+    ``"std"`` and ``"mean_norm"`` is ``"mean"``, which is what their published scripts use.
 
     Args:
         batch: uses ``rewards``, ``group_index``, ``turn_rewards``, ``num_turns``,
             ``state_index``, ``turn_index``, ``loss_mask``.
         omega: weight of the step-level advantage.
         gamma: discount of the step return.
-        normalize: ``"std"`` or ``"mean"``.
+        normalize: ``"std"`` (alias ``"mean_std_norm"``) or ``"mean"`` (alias ``"mean_norm"``).
         eps: added to the std.
 
     Returns:
         ``[N, T]`` advantages.
+
+    Raises:
+        ValueError: On another ``normalize``.
     """
+    normalize = NORMALIZATION_ALIASES.get(normalize, normalize)
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        raise ValueError(f"normalize must be one of {[*NORMALIZATIONS, *NORMALIZATION_ALIASES]}, got {normalize!r}")
     scale = eps if normalize == "std" else None
     episode = group_normalize(batch.rewards, batch.group_index, eps=scale)
     k_max = batch.turn_rewards.shape[1]
