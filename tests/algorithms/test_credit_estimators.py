@@ -146,13 +146,24 @@ def test_gigpo_std_normalisation_and_omega(batch):
 def test_mt_grpo(batch):
     # outcome = last-turn reward: a 1, b 0, c 0 -> mean 1/3, std .57735 -> A^O [1.1547, -.57735, -.57735]
     #                             d 1, e 0 -> [.7071, -.7071]
-    # intermediate turns (all but the last): turn 0 of a, b, c has r [0, .5, 0]: mean 1/6,
-    # std sqrt((2/36 + 4/36)/2) = .288675 -> [-.57735, 1.1547, -.57735]; turn 1 of a, c: r [0, 0] -> 0
-    # e's intermediate turns are alone in group 1 -> 0.
-    # non-final turn: A^T + A^O; final turn: A^O
+    # intermediate rewards over all samples of the group, 0 where a sample has none at the turn:
+    # group 0 turn 0: a 0, b .5, c 0 -> mean 1/6, std sqrt((2/36 + 4/36)/2) = .288675 -> [-.57735, 1.1547,
+    # -.57735]; turn 1: a 0, b 0 (its final turn), c 0 -> 0. group 1 turn 0: d 0 (final), e 0 -> 0;
+    # turn 1: d 0 (ended), e .5 -> mean .25, std .35355 -> e +.7071
+    # non-final turn: A^O + turn_coef (1) * A^T; final turn: A^O
     p, m = 1.1547, .57735
     s = 1 / math.sqrt(2)
     approx(per_turn(ADVANTAGES["mt_grpo"](batch), batch),
+           [[-m + p, p, p], [p - m, -m], [-m - m, -m, -m], [s], [-s, -s + s, -s]])
+
+
+def test_mt_grpo_reached(batch):
+    # as test_mt_grpo, but each turn's statistics are over the samples that have an intermediate
+    # reward there: group 0 the same (a, b, c at turn 0; a, c at turn 1, both 0); e's intermediate
+    # turns are alone in group 1 -> A^T = 0. non-final turn: A^T + outcome_weight (1) * A^O
+    p, m = 1.1547, .57735
+    s = 1 / math.sqrt(2)
+    approx(per_turn(ADVANTAGES["mt_grpo_reached"](batch), batch),
            [[-m + p, p, p], [p - m, -m], [-m - m, -m, -m], [s], [-s, -s, -s]])
 
 
@@ -164,6 +175,7 @@ def test_mt_grpo_without_intermediate_rewards_is_grpo():
              for i, n in enumerate(rng.randint(1, 5) for _ in range(16))]
     sparse = collate(trajs, pad_id=0)
     assert torch.equal(ADVANTAGES["mt_grpo"](sparse), ADVANTAGES["grpo"](sparse))
+    assert torch.equal(ADVANTAGES["mt_grpo_reached"](sparse), ADVANTAGES["grpo"](sparse))
 
 
 def test_observation_tokens_never_cut_a_return():
@@ -176,7 +188,7 @@ def test_observation_tokens_never_cut_a_return():
         long = collate([traj([0, 0, 1], [1, 2, 3], 0), traj([0, 0, 0], [1, 2, 3], 0)], pad_id=0)
     finally:
         OBS_LEN = saved
-    for name in ("turn_returns", "gigpo", "reinforce_pp", "mt_grpo"):
+    for name in ("turn_returns", "gigpo", "reinforce_pp", "mt_grpo", "mt_grpo_reached"):
         a, b = per_turn(ADVANTAGES[name](short), short), per_turn(ADVANTAGES[name](long), long)
         approx(a, b)
         assert a[0][0] != 0  # the first turn is credited with the last turn's reward
@@ -184,7 +196,7 @@ def test_observation_tokens_never_cut_a_return():
 
 def test_edge_cases_groups_of_one_equal_rewards_zero_length_turns():
     single = collate([traj([0, 1], ["x", "y"], 0), traj([1], ["z"], 1)], pad_id=0)
-    for name in ("grpo", "dr_grpo", "rloo", "gigpo", "mt_grpo"):
+    for name in ("grpo", "dr_grpo", "rloo", "gigpo", "mt_grpo", "mt_grpo_reached"):
         assert torch.all(ADVANTAGES[name](single) == 0), name
     # turn_returns has no peer at all: the baseline is 0, so the turns keep their plain returns
     approx(per_turn(ADVANTAGES["turn_returns"](single), single), [[1, 1], [1]])
@@ -223,7 +235,8 @@ def mean_std(values):
     return m, s
 
 
-def loop_reference(name, trajs, eps=1e-6, gamma=1.0, omega=1.0, normalize="std"):
+def loop_reference(name, trajs, eps=1e-6, gamma=1.0, omega=1.0, normalize="std", turn_coef=1.0,
+                   outcome_weight=1.0):
     """Per-row, per-turn advantages computed with plain Python loops from the formulas."""
     groups = {}
     for i, t in enumerate(trajs):
@@ -246,6 +259,7 @@ def loop_reference(name, trajs, eps=1e-6, gamma=1.0, omega=1.0, normalize="std")
                 row.append(G[i][k] - (sum(G[j][k] for j in reached) / len(reached) if reached else 0.0))
             out.append(row)
         elif name == "gigpo":
+            normalize = {"mean_norm": "mean", "mean_std_norm": "std"}.get(normalize, normalize)
             episode = (R[i] - m) / ((s + eps) if normalize == "std" else 1.0)
             row = []
             for k in range(t.num_turns):
@@ -254,7 +268,7 @@ def loop_reference(name, trajs, eps=1e-6, gamma=1.0, omega=1.0, normalize="std")
                 sm, ss = mean_std(peers)
                 row.append(episode + omega * (G[i][k] - sm) / ((ss + eps) if normalize == "std" else 1.0))
             out.append(row)
-        elif name == "mt_grpo":
+        elif name in ("mt_grpo", "mt_grpo_reached"):
             outcome = {j: trajs[j].turn_rewards[-1] for j in members}
             om, os_ = mean_std(list(outcome.values()))
             a_o = (outcome[i] - om) / (os_ + eps)
@@ -262,10 +276,14 @@ def loop_reference(name, trajs, eps=1e-6, gamma=1.0, omega=1.0, normalize="std")
             for k in range(t.num_turns):
                 if k == t.num_turns - 1:
                     row.append(a_o)
-                    continue
-                peers = [trajs[j].turn_rewards[k] for j in members if trajs[j].num_turns - 1 > k]
-                tm, ts = mean_std(peers)
-                row.append((t.turn_rewards[k] - tm) / (ts + eps) + a_o)
+                elif name == "mt_grpo":  # every sample of the group, 0 without an intermediate reward at k
+                    peers = [trajs[j].turn_rewards[k] if trajs[j].num_turns - 1 > k else 0.0 for j in members]
+                    tm, ts = mean_std(peers)
+                    row.append(a_o + turn_coef * (t.turn_rewards[k] - tm) / (ts + eps))
+                else:  # the samples with an intermediate reward at k
+                    peers = [trajs[j].turn_rewards[k] for j in members if trajs[j].num_turns - 1 > k]
+                    tm, ts = mean_std(peers)
+                    row.append((t.turn_rewards[k] - tm) / (ts + eps) + outcome_weight * a_o)
             out.append(row)
     return out
 
@@ -285,7 +303,8 @@ def random_batch(rng):
 @pytest.mark.parametrize("name,kwargs", [
     ("grpo", {}), ("rloo", {}), ("turn_returns", {"gamma": 1.0}), ("turn_returns", {"gamma": 0.7}),
     ("gigpo", {"gamma": 0.9, "omega": 0.5, "normalize": "std"}), ("gigpo", {"gamma": 1.0, "normalize": "mean"}),
-    ("mt_grpo", {}),
+    ("gigpo", {"gamma": 0.8, "normalize": "mean_norm"}),
+    ("mt_grpo", {}), ("mt_grpo", {"turn_coef": 0.5}), ("mt_grpo_reached", {}), ("mt_grpo_reached", {"outcome_weight": 0.3}),
 ])
 def test_vectorised_matches_the_loop_reference_on_random_batches(name, kwargs):
     rng = random.Random(0)

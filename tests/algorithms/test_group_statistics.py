@@ -33,7 +33,7 @@ GAE = {"gamma": 1.0, "lam": 1.0}  # with values 0 every sampled token's GAE is t
 CASES = [
     ("grpo", {}, ALL, 2), ("dr_grpo", {}, ALL, 2), ("rloo", {}, ALL, 2),
     ("reinforce_pp", {}, ("outcome", "revisit"), 1), ("reinforce_pp_baseline", {}, ALL, 2),
-    ("turn_returns", {}, ALL, 2), ("mt_grpo", {}, ALL, 2),
+    ("turn_returns", {}, ALL, 2), ("mt_grpo", {}, ALL, 2), ("mt_grpo_reached", {}, ALL, 2),
     ("gigpo", {}, ("outcome", "every_turn"), 2), ("gigpo", {"gamma": 1.0}, ALL, 2),
     ("gigpo", {"gamma": 1.0, "normalize": "mean"}, ALL, 2),
     ("gae", GAE, ("outcome", "revisit"), 1), ("turn_gae", {**GAE, "token_lam": 1.0}, ("outcome", "revisit"), 1),

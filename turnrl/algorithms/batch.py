@@ -51,6 +51,12 @@ class TrainBatch:
             already made such a row inert for every estimator (``loss_mask`` 0, a group of
             its own, ``state_index`` -1); the flag is for code that counts rows (the
             learner's minibatches, the critic's micro-batches).
+        token_penalty: ``[N, T]`` float, the reward penalty of each sampled token (0
+            elsewhere) that ``turn_rewards`` and ``rewards`` already include, summed per turn
+            and per row: ``kl_coef * KL`` when the KL is in the reward
+            (``turnrl.algorithms.kl_control.kl_penalized``); None for no penalty (the same as
+            zeros). Token-level estimators (REINFORCE++) read it to place each token's
+            penalty on the token itself.
     """
 
     input_ids: torch.Tensor
@@ -66,6 +72,7 @@ class TrainBatch:
     values: torch.Tensor | None = None
     segment_index: torch.Tensor | None = None
     excluded: torch.Tensor | None = None
+    token_penalty: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

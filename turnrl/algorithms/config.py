@@ -48,8 +48,9 @@ class LossConfig:
     kl_coef: float = 0.0
     # per-token KL estimator, a name in turnrl.algorithms.KL_ESTIMATORS: k1, k2 or k3
     kl_estimator: str = "k3"
-    # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (each
-    # turn's reward is lowered by beta * its tokens' KL, before the advantage estimator)
+    # where the KL penalty goes: "loss" (beta * KL per token in the loss) or "reward" (before the
+    # advantage estimator, each turn's reward is lowered by beta * its tokens' KL; REINFORCE++
+    # puts beta * KL on each token itself, so a token's return holds the KL of the tokens after it)
     kl_placement: str = "loss"
     # dual-clip constant c > 1: the loss of a negative-advantage token is capped at -A * c (null = off;
     # policy_loss=ppo_clip)

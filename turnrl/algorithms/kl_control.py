@@ -4,6 +4,15 @@ KL to the frozen reference can sit in the loss (``loss += beta * KL`` per token,
 does) or in the reward (``r <- r - beta * KL``, what PPO-RLHF and REINFORCE++ do): there the
 penalty flows through the advantage estimator like any reward, so its credit is assigned
 the way the task reward's is.
+
+In the reward, each sampled token's penalty ``beta * KL_t`` is kept on the batch
+(``TrainBatch.token_penalty``) and also summed into the rewards the estimators read: each
+turn's reward is lowered by its tokens' penalties (``turn_rewards``, read by the turn-level
+estimators and GAE, which puts a turn's reward on its last sampled token) and each row's
+return by all of them (``rewards``, read by the trajectory-level ones). REINFORCE++
+(``reinforce_pp``, ``reinforce_pp_baseline``) reads ``token_penalty`` and puts each token's
+penalty on that token, as OpenRLHF does, so a token's return-to-go holds the penalties of the
+tokens from it on, not its whole turn's.
 """
 
 from __future__ import annotations
@@ -53,17 +62,21 @@ def kl_penalized(batch: TrainBatch, kl: torch.Tensor, coef: float) -> tuple[Trai
 
     Args:
         batch: the collated batch.
-        kl: ``[N, T]`` per-token KL estimates (0 off the loss mask).
+        kl: ``[N, T]`` per-token KL estimates (counted on the loss mask only).
         coef: the penalty weight.
 
     Returns:
         ``(new_batch, per_row_penalty [N])``: ``turn_rewards`` and ``rewards`` lowered by the
-        penalty (``rewards`` stay the sum of turn rewards); the input batch is not modified.
+        penalty (``rewards`` stay the sum of turn rewards), and ``token_penalty [N, T]``
+        holding ``coef * KL`` of each sampled token (added to one already there); the input
+        batch is not modified.
     """
     k_max = batch.turn_rewards.shape[1]
-    kl = kl * batch.loss_mask
+    tokens = kl * batch.loss_mask * (batch.turn_index >= 0) * coef
     index = batch.turn_index.clamp(min=0)
-    per_turn = torch.zeros_like(batch.turn_rewards).scatter_add_(1, index, kl * (batch.turn_index >= 0))
-    per_turn = per_turn[:, :k_max] * coef
+    per_turn = torch.zeros_like(batch.turn_rewards).scatter_add_(1, index, tokens)[:, :k_max]
     penalty = per_turn.sum(dim=1)
-    return replace(batch, turn_rewards=batch.turn_rewards - per_turn, rewards=batch.rewards - penalty), penalty
+    if batch.token_penalty is not None:
+        tokens = batch.token_penalty + tokens
+    return replace(batch, turn_rewards=batch.turn_rewards - per_turn, rewards=batch.rewards - penalty,
+                   token_penalty=tokens), penalty

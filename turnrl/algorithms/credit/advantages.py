@@ -18,7 +18,7 @@ import torch
 
 from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.credit.groups import STAT_DTYPE, group_normalize, leave_one_out_centred, whiten
-from turnrl.algorithms.credit.turns import discounted_turn_returns, turns_to_tokens
+from turnrl.algorithms.credit.turns import discounted_turn_returns, earlier_in_turn, turns_to_tokens
 from turnrl.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
@@ -83,14 +83,27 @@ def reinforce_pp(batch: TrainBatch, gamma: float = 1.0, eps: float = 1e-6) -> to
     """REINFORCE++ (Hu, 2025): the return-to-go of each token, normalised over the whole
     batch (every sampled token of every group) instead of per group.
 
-    A token of turn ``k`` gets ``G_k = sum_{j >= k} gamma^(j-k) r_j`` (the rewards of its own
-    turn and the later ones; with outcome-only rewards and ``gamma = 1`` that is ``R_i``),
-    then ``A = (G - mean) / (std + eps)`` with mean and std over all sampled tokens. A batch
-    whose tokens all have one return gets 0.
+    Rewards sit on tokens, as in OpenRLHF: turn ``k``'s env reward on its last sampled token
+    and, with the KL in the reward, ``-p_s`` on every sampled token ``s``
+    (``batch.token_penalty``, ``p_s = kl_coef * KL_s``). A token ``t`` of turn ``k`` gets the
+    return-to-go
+
+    ``G_t = sum_{j >= k} gamma^(j-k) R_j - sum_{s >= t} gamma^(k(s)-k) p_s``
+
+    over the trajectory's sampled tokens ``s`` from ``t`` on (the rest of its own turn, then
+    the later turns; ``R_j`` the env reward of turn ``j``), so a token's return holds the
+    penalty of the tokens after it, not its whole turn's. The discount is per turn (tokens of
+    one turn are not discounted against each other); with ``gamma = 1`` it is OpenRLHF's token
+    return-to-go. Then ``A = (G - mean) / (std + eps)`` with mean and std over all sampled
+    tokens. Without a penalty every token of turn ``k`` gets ``G_k`` (with outcome-only rewards
+    and ``gamma = 1`` that is ``R_i``); a batch whose tokens all have one return gets 0.
+
+    Computed as the turn return of the penalised ``turn_rewards`` (each turn's reward lowered
+    by its tokens' penalties) plus the penalties of the tokens of the same turn before ``t``.
 
     Args:
         batch: uses ``turn_rewards [N, K]``, ``num_turns [N]``, ``turn_index [N, T]``,
-            ``loss_mask [N, T]``.
+            ``loss_mask [N, T]`` and ``token_penalty [N, T]`` (when not None).
         gamma: turn discount.
         eps: added to the std.
 
@@ -99,25 +112,44 @@ def reinforce_pp(batch: TrainBatch, gamma: float = 1.0, eps: float = 1e-6) -> to
     """
     returns = discounted_turn_returns(batch.turn_rewards.to(STAT_DTYPE), batch.num_turns, gamma)
     tokens = turns_to_tokens(returns, batch.turn_index, batch.loss_mask.to(STAT_DTYPE))
+    if batch.token_penalty is not None:  # the turn's penalty from t on, not the whole turn's
+        earlier = earlier_in_turn(batch.token_penalty.to(STAT_DTYPE) * batch.loss_mask, batch.turn_index)
+        tokens = tokens + earlier * batch.loss_mask
     return whiten(tokens, batch.loss_mask, eps).to(batch.turn_rewards.dtype) * batch.loss_mask
 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
 def reinforce_pp_baseline(batch: TrainBatch, eps: float = 1e-6) -> torch.Tensor:
-    """REINFORCE++-baseline: subtract the group mean return, then divide by the std of the
-    centred values over the whole batch's sampled tokens (and, as OpenRLHF does, re-centre
-    on their token mean): ``c_i = R_i - mean_g R``, ``A = (c - mean_tok c) / (std_tok c + eps)``.
+    """REINFORCE++-baseline (OpenRLHF's ``reinforce_baseline``): subtract the group mean of
+    the return, put each token's KL penalty on that token, take each token's return-to-go,
+    then whiten over the whole batch's sampled tokens.
+
+    ``c_i = R_i - mean_g R`` with ``R_i`` the env return (the sum of the turn rewards, without
+    the KL penalty: the group mean is taken before the penalty is added, as OpenRLHF does);
+    token ``t`` gets ``G_t = c_i - sum_{s >= t} p_s`` over the trajectory's sampled tokens from
+    ``t`` on (``p_s = kl_coef * KL_s``, ``batch.token_penalty``; no penalty: ``G_t = c_i``);
+    ``A = (G - mean_tok G) / (std_tok G + eps)``.
 
     The group mean removes the task's difficulty; the batch-level std (rather than GRPO's
     per-group std) keeps groups that are nearly all right or all wrong from being blown up.
 
     Args:
-        batch: uses ``rewards [N]``, ``group_index [N]``, ``loss_mask [N, T]``.
+        batch: uses ``rewards [N]`` (the env return lowered by the row's penalties, which are
+            added back), ``group_index [N]``, ``loss_mask [N, T]`` and ``token_penalty [N, T]``
+            (when not None).
         eps: added to the std.
 
     Returns:
         ``[N, T]`` advantages.
     """
-    centred = group_normalize(batch.rewards, batch.group_index, eps=None)
-    tokens = centred[:, None] * batch.loss_mask.to(STAT_DTYPE)
+    mask = batch.loss_mask.to(STAT_DTYPE)
+    if batch.token_penalty is None:
+        centred = group_normalize(batch.rewards, batch.group_index, eps=None)
+        tokens = centred[:, None] * mask
+    else:
+        penalty = batch.token_penalty.to(STAT_DTYPE) * mask
+        env_return = batch.rewards.to(STAT_DTYPE) + penalty.sum(dim=1)
+        centred = group_normalize(env_return, batch.group_index, eps=None)
+        from_t = penalty.flip(1).cumsum(dim=1).flip(1)  # sum over s >= t
+        tokens = (centred[:, None] - from_t) * mask
     return whiten(tokens, batch.loss_mask, eps).to(batch.rewards.dtype) * batch.loss_mask

@@ -27,7 +27,8 @@ class Credited:
 
     Attributes:
         batch: the collated batch as the estimator saw it: rewards lowered by the KL
-            penalty (KL in the reward), ``values`` ``[N, T]`` of the critic (critic-based).
+            penalty and each token's penalty in ``token_penalty`` (KL in the reward),
+            ``values`` ``[N, T]`` of the critic (critic-based).
         advantages: ``[N, T]`` per-token advantages (0 off the loss mask).
         returns: ``[N, T]`` the critic's regression targets, or None without a critic.
         reward_kl: the mean per-token KL to the reference measured before the update (all
@@ -52,7 +53,8 @@ def assign_credit(batch: TrainBatch, advantage_fn: Callable[[TrainBatch], torch.
         advantage_fn: the estimator, ``fn(batch) -> [N, T]`` (its kwargs bound).
         kl_coef: the KL penalty's weight this step (with ``reference_kl``).
         reference_kl: ``fn(batch) -> [N, T]`` per-token KL to the reference policy: when given,
-            each turn's reward is lowered by ``kl_coef`` times its tokens' KL.
+            each turn's reward is lowered by ``kl_coef`` times its tokens' KL, and each token's
+            ``kl_coef * KL`` is kept in ``batch.token_penalty`` (``kl_control.kl_penalized``).
         values: ``fn(batch) -> [N, T]`` the critic's values; with ``value_targets``
             (``fn(batch) -> [N, T]``), for critic-based estimators.
 

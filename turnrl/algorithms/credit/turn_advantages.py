@@ -24,6 +24,9 @@ from turnrl.algorithms.credit.groups import STAT_DTYPE, group_normalize, leave_o
 from turnrl.algorithms.credit.turns import discounted_turn_returns, turn_valid, turns_to_tokens
 
 NORMALIZATIONS = ("std", "mean")
+"""GiGPO's ``normalize`` values: divide by the group std, or centre only."""
+NORMALIZATION_ALIASES = {"mean_std_norm": "std", "mean_norm": "mean"}
+"""The GiGPO authors' names for them (their published scripts use ``mean_norm``)."""
 
 
 def _turn_keys(group_index: torch.Tensor, k_max: int) -> torch.Tensor:
@@ -82,22 +85,28 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
       turn without a state key (index -1) gets only ``A^E``.
     * Turn ``k``'s tokens get ``A^E_i + omega * A^S_{i,k}``.
 
-    ``F`` is the std of the group (``normalize="std"``, plus eps) or 1 (``"mean"``, mean
-    centring only, the paper's alternative that avoids inflating near-uniform groups).
+    ``F`` is the std of the group (``normalize="std"``, plus eps; the default) or 1
+    (``"mean"``, mean centring only, the paper's alternative that avoids inflating
+    near-uniform groups). The authors' names are accepted too: ``"mean_std_norm"`` is
+    ``"std"`` and ``"mean_norm"`` is ``"mean"``, which is what their published scripts use.
 
     Args:
         batch: uses ``rewards``, ``group_index``, ``turn_rewards``, ``num_turns``,
             ``state_index``, ``turn_index``, ``loss_mask``.
         omega: weight of the step-level advantage.
         gamma: discount of the step return.
-        normalize: ``"std"`` or ``"mean"``.
+        normalize: ``"std"`` (alias ``"mean_std_norm"``) or ``"mean"`` (alias ``"mean_norm"``).
         eps: added to the std.
 
     Returns:
         ``[N, T]`` advantages.
+
+    Raises:
+        ValueError: On another ``normalize``.
     """
+    normalize = NORMALIZATION_ALIASES.get(normalize, normalize)
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        raise ValueError(f"normalize must be one of {[*NORMALIZATIONS, *NORMALIZATION_ALIASES]}, got {normalize!r}")
     scale = eps if normalize == "std" else None
     episode = group_normalize(batch.rewards, batch.group_index, eps=scale)
     k_max = batch.turn_rewards.shape[1]
@@ -110,20 +119,73 @@ def gigpo(batch: TrainBatch, omega: float = 1.0, gamma: float = 0.95, normalize:
 
 
 @ADVANTAGES.register("mt_grpo")
-def mt_grpo(batch: TrainBatch, outcome_weight: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
-    """MT-GRPO (Zeng et al., 2025): group-normalised turn rewards on the turns they credit,
-    plus the outcome advantage.
+def mt_grpo(batch: TrainBatch, turn_coef: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """MT-GRPO (Zeng et al., 2025) as the authors' code computes it: the outcome advantage on
+    every turn, plus ``turn_coef`` times the group-normalised turn reward on the turns it
+    credits.
 
-    The outcome is the reward of a trajectory's last turn, ``O_i``; every earlier turn
-    ``k`` has an intermediate (turn) reward ``r_{i,k}``. With ``A^O_i = (O_i - mean_g O) /
-    (std_g O + eps)`` and ``A^T_{i,k} = (r_{i,k} - mean) / (std + eps)`` over the group's
-    samples that have an intermediate turn ``k``:
+    The outcome of a trajectory is the reward of its final turn, ``O_i`` (envs pay the outcome
+    there; ``batch.rewards`` is not used because it is the *sum* of the turn rewards and would
+    count the intermediate rewards twice, where the authors' outcome reward functions score the
+    final answer alone). Every earlier turn ``k`` has an intermediate (turn) reward
+    ``r_{i,k}``. Both are normalised over *all* ``G`` samples of the group:
+
+    * ``A^O_i = (O_i - mean_g O) / (std_g O + eps)``;
+    * ``A^T_{i,k} = (x_{i,k} - mean_g x_{.,k}) / (std_g x_{.,k} + eps)`` with ``x_{i,k} =
+      r_{i,k}`` when ``k`` is a non-final turn of sample ``i`` and ``x_{i,k} = 0`` when
+      sample ``i`` ended before turn ``k`` or ``k`` is its final turn (it has no
+      intermediate reward there, and counts with 0).
+
+    Tokens of a non-final turn ``k`` get ``A^O_i + turn_coef * A^T_{i,k}``; tokens of the final
+    turn get ``A^O_i``. A sample with no tokens at turn ``k`` gets nothing from it, but its 0
+    is in turn ``k``'s mean and std.
+
+    In the authors' two-turn setup (a tool call, then the answer; every sample has a turn-1
+    reward) this is their trainer's advantage: first-turn tokens get ``A^O + coef * A^T``,
+    answer tokens ``A^O``. The paper's equation writes the weight on ``A^O`` instead (``A^T +
+    lambda * A^O``); at the default 1.0 the two agree. ``mt_grpo_reached`` is the variant that
+    normalises each turn over the samples that have an intermediate reward there and weights
+    ``A^O``. With outcome-only envs (intermediate rewards all 0) every ``A^T`` is 0 and this is
+    GRPO on the outcome.
+
+    Args:
+        batch: uses ``turn_rewards``, ``num_turns``, ``group_index``, ``turn_index``,
+            ``loss_mask``.
+        turn_coef: weight of the turn advantage on non-final turns (the authors'
+            ``turn_advantage_coef``).
+        eps: added to the stds.
+
+    Returns:
+        ``[N, T]`` advantages.
+    """
+    k_max = batch.turn_rewards.shape[1]
+    rewards = batch.turn_rewards.to(STAT_DTYPE)
+    a_outcome = group_normalize(_outcome(rewards, batch.num_turns), batch.group_index, eps=eps)
+    intermediate = turn_valid((batch.num_turns - 1).clamp(min=0), k_max)  # k < num_turns - 1
+    # every sample of the group counts at every turn index, with 0 where it has no intermediate reward
+    a_turn = group_normalize(rewards * intermediate, _turn_keys(batch.group_index, k_max), eps=eps)
+    per_turn = a_outcome[:, None] + turn_coef * a_turn * intermediate
+    return turns_to_tokens(per_turn.to(batch.turn_rewards.dtype), batch.turn_index, batch.loss_mask)
+
+
+@ADVANTAGES.register("mt_grpo_reached")
+def mt_grpo_reached(batch: TrainBatch, outcome_weight: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """A variant of MT-GRPO: each turn's intermediate reward normalised over the samples that
+    have one at that turn, and the weight on the outcome advantage.
+
+    The outcome ``O_i`` is the reward of a trajectory's final turn, every earlier turn ``k``
+    has an intermediate reward ``r_{i,k}``. With ``A^O_i = (O_i - mean_g O) / (std_g O + eps)``
+    and ``A^T_{i,k} = (r_{i,k} - mean) / (std + eps)`` over the group's samples for which ``k``
+    is a non-final turn:
 
     * tokens of a non-final turn ``k`` get ``A^T_{i,k} + outcome_weight * A^O_i``;
     * tokens of the final turn get ``A^O_i``.
 
-    With outcome-only envs (intermediate rewards all 0) this is GRPO on the outcome with
-    ``outcome_weight`` on the earlier turns.
+    It differs from ``mt_grpo`` (the authors' code) in two ways: a sample that ended at or
+    before turn ``k`` is left out of turn ``k``'s statistics instead of counting with reward 0
+    (so a turn that only one sample has as an intermediate turn gets ``A^T = 0``), and the
+    weight multiplies ``A^O`` (the paper's equation) instead of ``A^T``. With outcome-only envs
+    this is GRPO on the outcome with ``outcome_weight`` on the earlier turns.
 
     Args:
         batch: uses ``turn_rewards``, ``num_turns``, ``group_index``, ``turn_index``,
@@ -136,11 +198,15 @@ def mt_grpo(batch: TrainBatch, outcome_weight: float = 1.0, eps: float = 1e-6) -
     """
     n, k_max = batch.turn_rewards.shape
     rewards = batch.turn_rewards.to(STAT_DTYPE)
-    last = (batch.num_turns - 1).clamp(min=0)
-    outcome = rewards.gather(1, last[:, None]).squeeze(1) * (batch.num_turns > 0)
-    a_outcome = group_normalize(outcome, batch.group_index, eps=eps)
-    intermediate = turn_valid(last, k_max)  # k < num_turns - 1
+    a_outcome = group_normalize(_outcome(rewards, batch.num_turns), batch.group_index, eps=eps)
+    intermediate = turn_valid((batch.num_turns - 1).clamp(min=0), k_max)  # k < num_turns - 1
     a_turn = group_normalize(rewards, _turn_keys(batch.group_index, k_max), intermediate, eps=eps)
     per_turn = torch.where(intermediate, a_turn + outcome_weight * a_outcome[:, None],
                            a_outcome[:, None].expand(n, k_max))
     return turns_to_tokens(per_turn.to(batch.turn_rewards.dtype), batch.turn_index, batch.loss_mask)
+
+
+def _outcome(rewards: torch.Tensor, num_turns: torch.Tensor) -> torch.Tensor:
+    """``[N]`` the reward of each row's final turn (0 for a row without turns)."""
+    last = (num_turns - 1).clamp(min=0)
+    return rewards.gather(1, last[:, None]).squeeze(1) * (num_turns > 0)

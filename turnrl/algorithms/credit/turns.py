@@ -59,3 +59,26 @@ def turns_to_tokens(per_turn: torch.Tensor, turn_index: torch.Tensor, loss_mask:
         return torch.zeros_like(loss_mask)
     gathered = per_turn.gather(1, turn_index.clamp(min=0))
     return torch.where(turn_index >= 0, gathered, torch.zeros_like(gathered)) * loss_mask
+
+
+def earlier_in_turn(token_values: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
+    """For each turn token, the sum of ``token_values`` over the tokens of its own turn before it.
+
+    Turns occupy increasing positions of a row (turn ``k``'s tokens all come before turn
+    ``k + 1``'s), which is how a trajectory is laid out.
+
+    Args:
+        token_values: ``[N, T]`` float (read on tokens with ``turn_index >= 0`` only).
+        turn_index: ``[N, T]`` long, the turn of each sampled token, -1 elsewhere.
+
+    Returns:
+        ``[N, T]`` in the values' dtype, 0 where ``turn_index`` is -1.
+    """
+    on = turn_index >= 0
+    values = torch.where(on, token_values, torch.zeros_like(token_values))
+    before = values.cumsum(dim=1) - values  # every turn token before t in the row
+    k_max = int(turn_index.max()) + 1 if on.any() else 1
+    index = turn_index.clamp(min=0)
+    per_turn = torch.zeros(values.shape[0], k_max, dtype=values.dtype, device=values.device).scatter_add_(1, index, values)
+    earlier_turns = per_turn.cumsum(dim=1) - per_turn  # the tokens of the turns before k
+    return torch.where(on, before - earlier_turns.gather(1, index), torch.zeros_like(values))
