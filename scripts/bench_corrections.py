@@ -75,9 +75,9 @@ def run(args) -> dict:
                       f"trainer.eval_episodes={args.eval_episodes}", "trainer.threads=1", "trainer.progress=false",
                       "trainer.save_checkpoint=false", "trainer.tensorboard=false",
                       f"agent.warmstart.cache={Path(tmp) / 'warm'}", *args.overrides]
-            for name, extra in sides().items():
+            for i, (name, extra) in enumerate(sides().items()):
                 print(f"  seed {seed}: {name} ...", flush=True)
-                results.setdefault(name, []).append(run_one(name, [*shared, *extra], Path(tmp) / f"{seed}-{name}"))
+                results.setdefault(name, []).append(run_one(name, [*shared, *extra], Path(tmp) / f"seed{seed}-run{i}"))
     table = {name: {key: statistics.fmean(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
     return {"setup": {"steps": args.steps, "seeds": list(args.seeds), "eval_episodes": args.eval_episodes,
                       "overrides": list(args.overrides)},
