@@ -68,7 +68,7 @@ class LossConfig:
     # weight of the entropy bonus at the first step (each step's is StepCoefs.entropy_coef)
     entropy_coef: float = 0.0
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
-    # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
+    # seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm or turn-mean
     loss_agg: str = "token-mean"
     # weight of the value loss of a shared value head
     vf_coef: float = 0.5

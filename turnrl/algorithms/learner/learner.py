@@ -301,9 +301,9 @@ class Learner:
         row (given one attended token, so that its forward is finite even where every episode
         failed before a token)."""
         world, device = self.num_processes, batch.loss_mask.device
-        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
+        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask, turns: aggregate(mask, turns))
         weights = torch.zeros_like(batch.loss_mask)
-        weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
+        weights[rows] = weigh(self.aggregate, batch.loss_mask[rows], batch.turn_index[rows])
         value_weights = batch.loss_mask / self._reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
         micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
         stand_in = None

@@ -175,7 +175,7 @@ def gradients(method: Method, lab_batch: LabBatch, theta: torch.Tensor, aggregat
     batch = lab_batch.batch
     adv = advantages(method, lab_batch, per_batch)
     aggregate = AGGREGATIONS.get(aggregation or method.loss.loss_agg)
-    weights = torch.cat([aggregate(batch.loss_mask[rows]) for rows in lab_batch.slices])
+    weights = torch.cat([aggregate(batch.loss_mask[rows], batch.turn_index[rows]) for rows in lab_batch.slices])
     logp = token_logprobs(theta.detach(), batch).requires_grad_(True)
     loss_fn = POLICY_LOSSES.get(method.loss.policy_loss)
     loss, _ = loss_fn(logp, batch.old_logprobs.to(logp.dtype), adv, weights,
