@@ -1,19 +1,29 @@
-"""RAGEN's bi-level GAE (``bilevel_gae``) and the ``turn-mean`` aggregation, against numbers
-computed by hand (the arithmetic in the comments) and plain-loop references; then the config."""
+"""RAGEN's bi-level GAE (``bilevel_gae``), Turn-PPO's turn-level GAE (``turn_mdp_gae``), its
+turn-level loss (``turn_ppo``) and the ``turn-mean`` aggregation, against numbers computed by
+hand (the arithmetic in the comments) and plain-loop references; then their configs."""
 
+import copy
 import dataclasses
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from tests.algorithms.test_credit_estimators import traj
-from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, VALUE_TARGETS, collate
-from turnrl.algorithms.credit.gae import bilevel_gae, token_rewards, turn_level_gae
+from tests.helpers import learner_settings
+from turnrl.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, VALUE_TARGETS, Learner, collate, token_logprobs
+from turnrl.algorithms.credit.gae import bilevel_gae, token_rewards, turn_level_gae, turn_mdp_gae
+from turnrl.algorithms.losses.policy import TURN_RATIOS, policy_loss_settings, takes_turns, turn_ppo_loss
+from turnrl.algorithms.losses.token_losses import ppo_clip_loss
+from turnrl.algorithms.config import LossConfig, OptimConfig
 from turnrl.conf.schema import register_configs
 from turnrl.conf.validate import problems
+from turnrl.envs import GuessNumberEnv
+from turnrl.rollout.scripted import scripted_episode
 
 register_configs()
 
@@ -173,6 +183,32 @@ def test_bilevel_gae_is_turn_gae_when_each_turns_first_and_last_values_agree():
               turn_level_gae(batch, batch.values, gamma, lam, lam).tolist())
 
 
+# ---------------------------------------------------------------- turn_mdp_gae (Turn-PPO's advantage)
+def test_turn_mdp_gae_gives_each_turn_one_advantage_hand_computed():
+    batch = batch_of(TWO_ROWS)
+    # gamma .9, lam .5; turn values at each turn's first token
+    # row 0: V_0 = .2, V_1 = .3
+    #   A_1 = 1 - .3 = .7                                      G_1 = 1
+    #   A_0 = (.5 + .9 * .3 - .2) + .45 * .7 = .57 + .315 = .885   G_0 = .885 + .2 = 1.085
+    # row 1: V_0 = .5, V_1 = .1
+    #   A_1 = 1 - .1 = .9                                      G_1 = 1
+    #   A_0 = (0 + .9 * .1 - .5) + .45 * .9 = -.41 + .405 = -.005  G_0 = .495
+    adv, returns = turn_mdp_gae(batch, batch.values, 0.9, 0.5)
+    close(on_sampled(adv, batch), [[0.885] * 2 + [0.7] * 3, [-0.005, 0.9, 0.9]])
+    close(on_sampled(returns, batch), [[1.085] * 2 + [1.0] * 3, [0.495, 1.0, 1.0]])
+    kwargs = dict(gamma=0.9, lam=0.5)
+    close(on_sampled(ADVANTAGES["turn_mdp_gae"](batch, **kwargs, normalize=False), batch), on_sampled(adv, batch))
+    close(on_sampled(VALUE_TARGETS["turn_mdp_gae"](batch, **kwargs), batch), on_sampled(returns, batch))
+    # whitened, every turn's tokens still share one advantage
+    whitened = ADVANTAGES["turn_mdp_gae"](batch, **kwargs)
+    for i, row in enumerate(on_sampled(whitened, batch)):
+        turns = batch.turn_index[i][batch.loss_mask[i].bool()].tolist()
+        assert len({(k, a) for k, a in zip(turns, row)}) == len(set(turns))
+    # the first token of each turn is turn_gae's with token_lam 1 (G_k - V_first = A_k)
+    tg = on_sampled(turn_level_gae(batch, batch.values, 0.9, 0.5, 1.0), batch)
+    close([tg[0][0], tg[0][2], tg[1][0], tg[1][1]], [0.885, 0.7, -0.005, 0.9])
+
+
 # ---------------------------------------------------------------- turn-mean aggregation
 def test_turn_mean_weighs_every_turn_of_the_batch_once():
     # row 0: turn 0 of 3 tokens, an observation, turn 1 of 2; row 1: one turn of 1 token; 3 turns
@@ -192,6 +228,172 @@ def test_turn_mean_weighs_every_turn_of_the_batch_once():
             assert torch.equal(AGGREGATIONS[name](mask, turns), AGGREGATIONS[name](mask)), name
 
 
+# ---------------------------------------------------------------- turn_ppo
+# One row: turn 0 on columns 0-2, an observation token, turn 1 on columns 4-5, padding.
+TP_TURNS = torch.tensor([[0, 0, 0, -1, 1, 1, -1]])
+TP_MASK = (TP_TURNS >= 0).double()
+TP_OLD = torch.tensor([[-1.0, -2.0, -0.5, 0.0, -1.5, -0.7, 0.0]], dtype=torch.float64)
+TP_DELTA = torch.tensor([[0.1, 0.05, 0.15, 0.0, 0.05, -0.1, 0.0]], dtype=torch.float64)
+TP_ADV = torch.tensor([[1.0, 1.0, 1.0, 0.0, -0.5, -0.5, 0.0]], dtype=torch.float64)
+
+
+def turn_ppo_case(**settings):
+    lp = (TP_OLD + TP_DELTA).requires_grad_(True)
+    weights = AGGREGATIONS["turn-mean"](TP_MASK, TP_TURNS)  # 1/6 on turn 0's tokens, 1/4 on turn 1's
+    loss, stats = turn_ppo_loss(lp, TP_OLD, TP_ADV, weights, turn_index=TP_TURNS, **settings)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return float(loss.detach()), grad[0].tolist(), stats
+
+
+def test_turn_ppo_one_ratio_and_one_clip_per_turn_hand_computed():
+    loss, grad, stats = turn_ppo_case()
+    r0, r1 = math.exp(0.3), math.exp(-0.05)
+    # turn 0: log r = .1 + .05 + .15 = .3, r = e^.3 = 1.3499 > 1.2 with A = 1: the clipped term
+    #   -min(1.3499 * 1, 1.2 * 1) = -1.2 is the loss, whose gradient is 0 on all 3 tokens
+    # turn 1: log r = .05 - .1 = -.05, r = e^-.05 = .95123, inside [.8, 1.2]: L = -(-.5 * .95123) = .47562
+    # turn-mean: each turn weighs 1/2 -> loss = (-1.2 + .47562) / 2 = -.36219
+    assert loss == pytest.approx((-1.2 + 0.5 * r1) / 2, abs=1e-12)
+    # d loss / d logprob_t for t in turn 1 = (sum of turn 1's weights) * -A * r_1 = (1/4 + 1/4) * .5 * .95123 = .23781
+    # on both its tokens (the turn's ratio carries the gradient to each of them)
+    close(grad, [0.0, 0.0, 0.0, 0.0, 0.5 * 0.5 * r1, 0.5 * 0.5 * r1, 0.0])
+    assert float(stats["clipped"]) == 3  # the three tokens of turn 0
+    assert float(stats["ratio"]) == pytest.approx(3 * r0 + 2 * r1, abs=1e-12)
+    assert float(stats["ratio_max"]) == pytest.approx(r0) and float(stats["ratio_min"]) == pytest.approx(r1)
+    assert float(stats["approx_kl"]) == pytest.approx(0.5 * sum(d * d for d in (0.1, 0.05, 0.15, 0.05, 0.1)))
+    assert float(stats["dual_clipped"]) == 0
+    # token-level PPO on the same tokens clips none of them (every token ratio is within e^.15 < 1.2)
+    lp = (TP_OLD + TP_DELTA).requires_grad_(True)
+    _, token_stats = ppo_clip_loss(lp, TP_OLD, TP_ADV, AGGREGATIONS["turn-mean"](TP_MASK, TP_TURNS))
+    assert float(token_stats["clipped"]) == 0
+
+
+def test_turn_ppo_geometric_ratio_hand_computed():
+    loss, grad, _ = turn_ppo_case(turn_ratio="geometric")
+    g0, g1 = math.exp(0.1), math.exp(-0.025)
+    # turn 0: log r = .3 / 3 = .1, r = 1.10517, inside: L = -1.10517; turn 1: log r = -.05 / 2, r = .97531: L = .48766
+    assert loss == pytest.approx((-g0 + 0.5 * g1) / 2, abs=1e-12)
+    # d/dlogprob_t = (turn's weight) * -A * r / n: turn 0: (1/2) * -1 * 1.10517 / 3; turn 1: (1/2) * .5 * .97531 / 2
+    close(grad, [-0.5 * g0 / 3] * 3 + [0.0] + [0.5 * 0.5 * g1 / 2] * 2 + [0.0])
+
+
+def test_turn_ppo_on_policy_is_reinforce_weighted_per_turn():
+    lp = TP_OLD.clone().requires_grad_(True)
+    weights = AGGREGATIONS["turn-mean"](TP_MASK, TP_TURNS)
+    loss, stats = turn_ppo_loss(lp, TP_OLD, TP_ADV, weights, turn_index=TP_TURNS)
+    (grad,) = torch.autograd.grad(loss, lp)
+    # ratio 1: each token of turn k gets -A_k W_k (W_k = 1/2), the turn's whole weight
+    close(grad[0].tolist(), [-0.5] * 3 + [0.0] + [0.25] * 2 + [0.0])
+    assert float(loss.detach()) == pytest.approx((-1.0 + 0.5) / 2) and float(stats["clipped"]) == 0
+
+
+def turn_ppo_reference(lp, old, adv, weights, turns, clip, geometric):
+    """Loss and gradient w.r.t. the logprobs, from the turn formula in plain floats: per (row,
+    turn) the ratio ``r_k``, per token ``-min(r_k A_t, clip(r_k) A_t) w_t``; a token's gradient is
+    ``-r_k sum_{t in k, unclipped} A_t w_t`` (over ``n_k`` with the geometric mean)."""
+    loss, grad = 0.0, [[0.0] * len(row) for row in lp]
+    for i in range(len(lp)):
+        members = {}
+        for t, k in enumerate(turns[i]):
+            if weights[i][t] != 0:
+                members.setdefault(k, []).append(t)
+        for tokens in members.values():
+            log_r = sum(lp[i][t] - old[i][t] for t in tokens)
+            log_r = log_r / len(tokens) if geometric else log_r
+            r = math.exp(log_r)
+            r_clip = min(max(r, 1 - clip), 1 + clip)
+            slope = 0.0
+            for t in tokens:
+                a, w = adv[i][t], weights[i][t]
+                loss += max(-a * r, -a * r_clip) * w
+                if -a * r >= -a * r_clip:  # the unclipped term is the loss's
+                    slope += -a * w * r
+            for t in tokens:
+                grad[i][t] = slope / len(tokens) if geometric else slope
+    return loss, grad
+
+
+@pytest.mark.parametrize("turn_ratio", TURN_RATIOS)
+def test_turn_ppo_matches_the_turn_formula_on_random_rows_and_splits_over_rows(turn_ratio):
+    gen = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    turns = torch.full((5, 12), -1)
+    for i in range(5):  # 1-3 turns of 1-3 tokens, separated by an observation token
+        col = 0
+        for k in range(rng.randint(1, 3)):
+            n = rng.randint(1, 3)
+            turns[i, col:col + n] = k
+            col += n + 1
+    mask = (turns >= 0).double()
+    old = -torch.rand(5, 12, generator=gen, dtype=torch.float64) * 3 * mask
+    lp = (old + 0.2 * torch.randn(5, 12, generator=gen, dtype=torch.float64) * mask).requires_grad_(True)
+    per_turn_adv = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    adv = per_turn_adv.gather(1, turns.clamp(min=0)) * mask
+    weights = AGGREGATIONS["turn-mean"](mask, turns)
+    loss, stats = turn_ppo_loss(lp, old, adv, weights, turn_index=turns, turn_ratio=turn_ratio)
+    (grad,) = torch.autograd.grad(loss, lp)
+    want_loss, want_grad = turn_ppo_reference(lp.tolist(), old.tolist(), adv.tolist(), weights.tolist(),
+                                              turns.tolist(), 0.2, turn_ratio == "geometric")
+    assert float(loss.detach()) == pytest.approx(want_loss, abs=1e-12)
+    close(grad.tolist(), want_grad)
+    assert 0 < float(stats["clipped"]) < float(mask.sum())  # the random ratios clip some turns, not all
+    # micro-batches of whole rows sum to the batch's loss and gradient
+    parts = [turn_ppo_loss(lp[rows], old[rows], adv[rows], weights[rows], turn_index=turns[rows],
+                           turn_ratio=turn_ratio)[0] for rows in (slice(0, 2), slice(2, 5))]
+    (split_grad,) = torch.autograd.grad(sum(parts), lp)
+    assert float(sum(parts).detach()) == pytest.approx(float(loss.detach()), abs=1e-12)
+    close(split_grad.tolist(), grad.tolist())
+
+
+def test_turn_ppo_needs_turns_and_a_known_ratio():
+    lp, weights = TP_OLD.clone(), AGGREGATIONS["turn-mean"](TP_MASK, TP_TURNS)
+    with pytest.raises(ValueError, match="turn_index"):
+        turn_ppo_loss(lp, TP_OLD, TP_ADV, weights)
+    with pytest.raises(ValueError, match="turn_ratio"):
+        turn_ppo_loss(lp, TP_OLD, TP_ADV, weights, turn_index=TP_TURNS, turn_ratio="arithmetic")
+    with pytest.raises(ValueError, match="turn_index -1"):
+        turn_ppo_loss(lp, TP_OLD, TP_ADV, weights, turn_index=torch.full_like(TP_TURNS, -1))
+
+
+def test_turn_ppo_is_registered_with_config_settings():
+    fn = POLICY_LOSSES["turn_ppo"]
+    assert fn is turn_ppo_loss and takes_turns(fn) and not takes_turns(POLICY_LOSSES["ppo_clip"])
+    assert policy_loss_settings(fn, LossConfig(clip_high=0.28, turn_ratio="geometric")) == {
+        "clip_low": 0.2, "clip_high": 0.28, "turn_ratio": "geometric", "log_ratio_clip": 20.0}
+
+
+def test_the_learner_refuses_an_unknown_turn_ratio(tiny_model):
+    with pytest.raises(ValueError, match=r"turn_ratio must be one of \('product', 'geometric'\), got 'mean'"):
+        Learner(tiny_model, LossConfig(policy_loss="turn_ppo", turn_ratio="mean"), OptimConfig())
+    Learner(tiny_model, LossConfig(turn_ratio="mean"), OptimConfig())  # a loss without turns does not read it
+
+
+@pytest.mark.slow
+def test_the_learner_gives_turn_ppo_the_turns_on_policy_gradient_per_turn(tiny_model, tokenizer, renderer):
+    """Through the learner (micro-batches of 2 rows, turn-mean weights of the whole batch), on
+    policy: the gradient is that of ``-sum_k A_k / K * sum_{t in k} log pi(a_t)``, each turn's
+    advantage on its whole log-probability, every turn weighing ``1 / K``."""
+    env = GuessNumberEnv(n=32, max_turns=6)
+    trajs = [scripted_episode(env, seed, renderer, player, rng=np.random.default_rng(seed))
+             for seed, player in enumerate(("expert", "weak", "weak", "weak", "expert"))]
+    batch = collate(trajs, tokenizer.pad_token_id)
+    model = copy.deepcopy(tiny_model).double()
+    learner = Learner(model, *learner_settings(policy_loss="turn_ppo", loss_agg="turn-mean", lr=0.0,
+                                               micro_batch_size=2))
+    batch = dataclasses.replace(batch, loss_mask=batch.loss_mask.double(), old_logprobs=learner.logprobs(batch))
+    per_turn = torch.randn(len(batch), int(batch.num_turns.max()), generator=torch.Generator().manual_seed(0),
+                           dtype=torch.float64)
+    advantages = per_turn.gather(1, batch.turn_index.clamp(min=0)) * batch.loss_mask
+    turns = int((batch.num_turns).sum())
+    assert turns > len(batch) and len(set(batch.num_turns.tolist())) > 1
+    lp, _, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, score_mask=batch.loss_mask)
+    objective = (advantages / turns * lp * batch.loss_mask).sum()
+    grads = torch.autograd.grad(objective, [p for p in model.parameters() if p.requires_grad])
+    model.zero_grad(set_to_none=True)
+    metrics = learner.update(batch, advantages)
+    assert metrics["clip_frac"] == 0.0 and metrics["ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert metrics["grad_norm"] == pytest.approx(float(torch.cat([g.flatten() for g in grads]).norm()), rel=1e-9)
+
+
 # ---------------------------------------------------------------- configs
 def compose_algorithm(name, *overrides):
     with initialize_config_module(config_module="turnrl.conf", version_base="1.3"):
@@ -199,11 +401,16 @@ def compose_algorithm(name, *overrides):
 
 
 @pytest.mark.slow
-def test_the_config_composes_and_validates():
+def test_the_configs_compose_and_validate():
     bilevel = compose_algorithm("bilevel_gae").algorithm
     assert bilevel.advantage == "bilevel_gae" and bilevel.advantage in VALUE_TARGETS
     assert bilevel.advantage_kwargs == {"high_level_gamma": 0.95, "token_level_gamma": 1.0, "lam": 1.0,
                                         "normalize": True}
     assert bilevel.policy_loss == "ppo_clip" and bilevel.critic == "separate"
-    for name in ("bilevel_gae", "turn_gae"):
+    turn_ppo = compose_algorithm("turn_ppo").algorithm
+    assert (turn_ppo.advantage, turn_ppo.policy_loss, turn_ppo.loss_agg) == ("turn_mdp_gae", "turn_ppo", "turn-mean")
+    assert turn_ppo.advantage in VALUE_TARGETS and turn_ppo.turn_ratio == "product"
+    for name in ("bilevel_gae", "turn_ppo", "turn_gae"):
         assert problems(compose_algorithm(name)) == [], name
+    bad = compose_algorithm("turn_ppo", "algorithm.turn_ratio=mean")
+    assert [p for p in problems(bad) if "algorithm.turn_ratio='mean'" in p]

@@ -1,4 +1,5 @@
-"""Critic-based estimators (PPO's GAE, the bi-level turn GAEs) and their value targets.
+"""Critic-based estimators (PPO's GAE, the bi-level turn GAEs, Turn-PPO's turn-level GAE) and
+their value targets.
 
 They read ``batch.values`` (set by the trainer from the critic before scoring) and raise a
 clear error without it. ``VALUE_TARGETS`` holds, under the same name, the function giving
@@ -12,7 +13,7 @@ import torch
 
 from turnrl.algorithms.credit.advantages import ADVANTAGES
 from turnrl.algorithms.batch import TrainBatch
-from turnrl.algorithms.credit.gae import bilevel_gae, token_gae, turn_level_gae
+from turnrl.algorithms.credit.gae import bilevel_gae, token_gae, turn_level_gae, turn_mdp_gae
 from turnrl.algorithms.credit.groups import whiten
 from turnrl.registry import Registry
 
@@ -91,3 +92,23 @@ def bilevel_targets(batch: TrainBatch, high_level_gamma: float = 0.95, token_lev
     values = _values(batch, "bilevel_gae")
     return (bilevel_gae(batch, values, high_level_gamma, token_level_gamma, lam) + values) * batch.loss_mask
 
+
+@ADVANTAGES.register("turn_mdp_gae")
+def turn_mdp(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, normalize: bool = True) -> torch.Tensor:
+    """Turn-PPO's advantage (``gae.turn_mdp_gae``): GAE of the turn-level MDP with the value at
+    each turn's start, one advantage per turn on all its tokens; whitened over sampled tokens
+    when ``normalize`` (every turn's tokens keep one value).
+
+    Returns:
+        ``[N, T]`` advantages.
+    """
+    adv, _ = turn_mdp_gae(batch, _values(batch, "turn_mdp_gae"), gamma, lam)
+    return whiten(adv, batch.loss_mask).to(adv.dtype) * batch.loss_mask if normalize else adv
+
+
+@VALUE_TARGETS.register("turn_mdp_gae")
+def turn_mdp_targets(batch: TrainBatch, gamma: float = 1.0, lam: float = 0.95, normalize: bool = True) -> torch.Tensor:
+    """The turn's lambda-return ``G_k = A_k + V_k`` (``V_k`` at the turn's first sampled token)
+    on every token of turn ``k`` (``normalize`` is ignored)."""
+    _, returns = turn_mdp_gae(batch, _values(batch, "turn_mdp_gae"), gamma, lam)
+    return returns

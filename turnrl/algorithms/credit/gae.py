@@ -12,12 +12,15 @@ reward of turn ``k`` sits on that turn's last sampled token (``token_rewards``).
 sampled token of a trajectory is terminal: truncated episodes have no next state to
 bootstrap from, so their value target is what they got.
 
-Two estimators work over turns, and differ in where a turn's value is read:
+Three estimators work over turns, and differ in where a turn's value is read and what the
+tokens of a turn get:
 
 * ``turn_level_gae`` (``turn_gae``): the value at the turn's first sampled token, then GAE
   inside the turn from its return;
 * ``bilevel_gae``: RAGEN's bi-level GAE as published, the value at the turn's last sampled
-  token, then GAE inside the turn from its return.
+  token, then GAE inside the turn from its return;
+* ``turn_mdp_gae`` (Turn-PPO's): the value at the turn's first sampled token, and every token
+  of the turn gets the turn's advantage.
 """
 
 from __future__ import annotations
@@ -240,3 +243,28 @@ def bilevel_gae(batch: TrainBatch, values: torch.Tensor, high_level_gamma: float
     target = (turn_adv + turn_v).gather(1, t.turn_id) * t.valid  # G_k for every token of turn k
     return _unpack(_within_turns(t, target, token_level_gamma, lam), t.cols, t.valid, batch.loss_mask)
 
+
+def turn_mdp_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0,
+                 lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE of the turn-level MDP (Turn-PPO): one advantage per turn, with the turn value read
+    at the turn's start.
+
+    A turn is one action: its state ``s_k`` is everything before the turn's first sampled
+    token (the history and the turn's observation), so ``V_k`` = the value at that token.
+    ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V`` past the last turn = 0), ``A_k = delta_k +
+    gamma lam A_{k+1}``, and every sampled token of turn ``k`` gets ``A_k``. The critic's target
+    is the turn's lambda-return ``G_k = A_k + V_k`` on every token of the turn (only the value
+    at its first token is read).
+
+    Returns:
+        ``(advantages, returns)``, both ``[N, T]`` and 0 off the loss mask.
+
+    Raises:
+        ValueError: If ``values`` is not ``[N, T]``, the loss mask's shape.
+    """
+    same_shape("turn_mdp_gae", loss_mask=batch.loss_mask, values=values)
+    t = _turns(batch, values)
+    turn_adv, turn_v = _turn_level(t, t.first, gamma, lam)
+    adv = turn_adv.gather(1, t.turn_id) * t.valid
+    target = (turn_adv + turn_v).gather(1, t.turn_id) * t.valid
+    return (_unpack(adv, t.cols, t.valid, batch.loss_mask), _unpack(target, t.cols, t.valid, batch.loss_mask))
