@@ -33,10 +33,12 @@ from tests.tolerances import adam_first_step_tol, grad_tol, logprob_tol_for, row
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIG = ROOT / "turnrl/conf/accelerate/cpu_2proc.yaml"
 MODES = ("token-mean", "seq-mean-token-mean")
+# turn-mean: each process's weights need the other processes' turn counts too
+TURNS = "turn-mean"
 # and Dr.GRPO's mode on the first 3 rows only: minibatches of 2 and 1 rows, so process 1 has
 # no row of the second one and joins its all-reduce with a zero-weight stand-in
 UNEVEN, UNEVEN_ROWS = "seq-mean-token-sum-norm", 3
-RUNS = (*MODES, UNEVEN)
+RUNS = (*MODES, TURNS, UNEVEN)  # (UNEVEN last: it cuts the batch)
 PLAYERS = ("expert", "weak", "weak", "weak")
 UPDATES = 3
 # num_minibatches=2 over 12 rows: 3 rows per process per minibatch, micro-batches of 2 and 1

@@ -37,6 +37,8 @@ CASES = [
     ("gigpo", {}, ("outcome", "every_turn"), 2), ("gigpo", {"gamma": 1.0}, ALL, 2),
     ("gigpo", {"gamma": 1.0, "normalize": "mean"}, ALL, 2),
     ("gae", GAE, ("outcome", "revisit"), 1), ("turn_gae", {**GAE, "token_lam": 1.0}, ("outcome", "revisit"), 1),
+    ("bilevel_gae", {"high_level_gamma": 1.0, "token_level_gamma": 1.0, "lam": 1.0}, ("outcome", "revisit"), 1),
+    ("turn_mdp_gae", GAE, ("outcome", "revisit"), 1),
 ]
 
 

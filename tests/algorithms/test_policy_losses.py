@@ -1,6 +1,6 @@
 """The policy-loss registry and its GSPO and CISPO losses, each against its paper's formula
 written out in plain float math (values and autograd gradients w.r.t. the logprobs), then
-through the learner on the tiny model."""
+through the learner on the tiny model. (Turn-PPO's loss: tests/algorithms/test_turn_level_methods.py.)"""
 
 import copy
 import dataclasses
@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers import learner_settings
 from turnrl.algorithms import AGGREGATIONS, POLICY_LOSSES, Learner, LossConfig, OptimConfig, collate, ppo_clip_loss
-from turnrl.algorithms.losses.policy import TENSORS, cispo_loss, gspo_loss, policy_loss_settings
+from turnrl.algorithms.losses.policy import TENSORS, cispo_loss, gspo_loss, policy_loss_settings, takes_turns
 from turnrl.algorithms.learner.scoring import token_logprobs
 
 from tests.tolerances import adam_first_step_tol, grad_tol, max_abs
@@ -46,9 +46,9 @@ def loss_and_grad(fn, lp, old, adv, weights, **kw):
 
 # ---------------------------------------------------------------- the registry
 def test_ppo_clip_is_registered_and_the_default():
-    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo_clip"]
+    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo_clip", "turn_ppo"]
     assert POLICY_LOSSES["ppo_clip"] is ppo_clip_loss and LossConfig().policy_loss == "ppo_clip"
-    with pytest.raises(KeyError, match=r"unknown policy loss 'ppo'; valid names: \['cispo', 'gspo', 'ppo_clip'\]"):
+    with pytest.raises(KeyError, match=r"unknown policy loss 'ppo'; valid names: \['cispo', 'gspo', 'ppo_clip', 'turn_ppo'\]"):
         POLICY_LOSSES.get("ppo")
 
 
@@ -80,11 +80,17 @@ def test_every_loss_returns_ppo_clips_statistics_and_splits_over_rows(name):
     adv = torch.randn(6, 7, generator=gen, dtype=torch.float64)
     mask = (torch.rand(6, 7, generator=gen) > 0.3).double()
     weights = AGGREGATIONS["seq-mean-token-mean"](mask)
+    turn_index = torch.where(mask > 0, torch.arange(7) // 3, -1)  # turns of up to 3 tokens (turn_ppo's)
     fn = POLICY_LOSSES[name]
-    full, stats = fn(lp, old, adv, weights)
+
+    def loss(rows):
+        turns = {"turn_index": turn_index[rows]} if takes_turns(fn) else {}
+        return fn(lp[rows], old[rows], adv[rows], weights[rows], **turns)
+
+    full, stats = loss(slice(None))
     assert set(stats) == set(ppo_clip_loss(lp, old, adv, weights)[1])
     (grad,) = torch.autograd.grad(full, lp)
-    parts = [fn(lp[rows], old[rows], adv[rows], weights[rows])[0] for rows in (slice(0, 2), slice(2, 6))]
+    parts = [loss(rows)[0] for rows in (slice(0, 2), slice(2, 6))]
     (split_grad,) = torch.autograd.grad(sum(parts), lp)
     assert float(sum(parts).detach()) == pytest.approx(float(full.detach()), abs=1e-12)
     assert torch.allclose(split_grad, grad, atol=1e-12)
@@ -350,7 +356,8 @@ def test_one_update_with_each_loss_is_adams_first_step_along_the_policy_gradient
 
 
 def test_the_learner_rejects_an_unknown_loss_and_a_dual_clip_it_cannot_apply(tiny_model):
-    with pytest.raises(KeyError, match=r"unknown policy loss 'gpso'; valid names: \['cispo', 'gspo', 'ppo_clip'\]"):
+    with pytest.raises(KeyError, match=r"unknown policy loss 'gpso'; valid names: \['cispo', 'gspo', 'ppo_clip', "
+                                       r"'turn_ppo'\]"):
         Learner(tiny_model, LossConfig(policy_loss="gpso"), OptimConfig())
     with pytest.raises(ValueError, match=r"dual_clip=3.0 is set but policy_loss='cispo' has no dual clip"):
         Learner(tiny_model, LossConfig(policy_loss="cispo", dual_clip=3.0), OptimConfig())

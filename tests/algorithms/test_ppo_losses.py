@@ -159,7 +159,8 @@ def test_every_aggregation_gives_the_same_gradient_for_1_and_4_micro_batches(mod
     adv = torch.randn(n, t, generator=gen, dtype=torch.float64)
     mask = (torch.rand(n, t, generator=gen) > 0.5).double()
     mask[1] = 0  # a row without tokens
-    weights = AGGREGATIONS[mode](mask)  # once, on the whole batch
+    turn_index = torch.where(mask > 0, torch.arange(t) // 3, -1)  # turns of up to 3 tokens (turn-mean's)
+    weights = AGGREGATIONS[mode](mask, turn_index)  # once, on the whole batch
     full_lp = base.clone().requires_grad_(True)
     ppo_clip_loss(full_lp, old, adv, weights)[0].backward()
     micro_lp = base.clone().requires_grad_(True)

@@ -38,13 +38,14 @@ def _write(tmp_path: Path, data: dict) -> Path:
 # ------------------------------------------------------------------------- the suite file
 def test_the_credit_suite_runs_every_method_with_ten_seeds_and_one_aggregation_against_grpo():
     suite = load_suite("credit")
-    assert [m.name for m in suite.methods][:8] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae",
-                                                   "gspo", "cispo"]
+    assert [m.name for m in suite.methods][:10] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae",
+                                                    "bilevel_gae", "turn_ppo", "gspo", "cispo"]
     assert suite.baseline == "grpo" and suite.seeds == tuple(range(10)) and len(suite.envs) == 2
     # the aggregation is held fixed; the methods that change it are the declared factor's levels
     assert "algorithm.loss_agg=token-mean" in suite.shared and suite.factors == ("algorithm.loss_agg",)
     factor_levels = [m for m in suite.methods if any(o.startswith("algorithm.loss_agg=") for o in m.overrides)]
-    assert [m.name for m in factor_levels] == ["grpo_seq_mean", "turn_returns_seq_mean", "turn_gae_seq_mean"]
+    assert [m.name for m in factor_levels] == ["grpo_seq_mean", "turn_returns_seq_mean", "turn_gae_seq_mean",
+                                               "turn_ppo_turn_mean"]
     assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long"]
     for env in suite.envs:  # each env states its sample budget in its entry
         keys = {o.split("=")[0] for o in env.overrides}
@@ -147,7 +148,8 @@ def test_a_method_that_changes_more_than_its_credit_is_refused_unless_the_key_is
     credit = load_suite("credit").select(envs=["guess_number_long"])
     configs = {c.method: c.cfg for c in plan_cells(credit, tmp_path / "credit") if c.seed == 0}
     assert bench_suite.uncontrolled_keys(configs, "grpo", credit.factors) == {}
-    assert {c.algorithm.loss_agg for m, c in configs.items() if not m.endswith("_seq_mean")} == {"token-mean"}
+    assert {c.algorithm.loss_agg for m, c in configs.items() if not m.endswith(("_seq_mean", "_turn_mean"))} == \
+        {"token-mean"}
 
 
 # ------------------------------------------------------------------------- the reports, on hand-made runs

@@ -163,6 +163,7 @@ OVERRIDES = [  # one override per declared setting: each reaches the dataclass i
     ("algorithm", "critic_epochs", "4", 4), ("algorithm", "policy_loss", "cispo", "cispo"),
     ("algorithm", "gspo_clip_low", "1e-4", 1e-4), ("algorithm", "gspo_clip_high", "2e-4", 2e-4),
     ("algorithm", "cispo_clip_low", "0.5", 0.5), ("algorithm", "cispo_clip_high", "2.0", 2.0),
+    ("algorithm", "turn_ratio", "geometric", "geometric"),
     ("trainer", "lr", "1e-3", 1e-3), ("trainer", "weight_decay", "0.05", 0.05),
     ("trainer", "max_grad_norm", "0.5", 0.5), ("trainer", "skip_zero_grad", "false", False),
     ("trainer", "micro_batch_size", "8", 8), ("trainer", "micro_batch_tokens", "null", None),

@@ -62,6 +62,7 @@ CHOICES = [  # (key, a bad value, one allowed value the message must list)
     ("algorithm.tis", "tokens", "sequence"),
     ("algorithm.loss_agg", "mean", "seq-mean-token-mean"),
     ("algorithm.policy_loss", "grpo", "gspo"),
+    ("algorithm.turn_ratio", "mean", "geometric"),
     ("algorithm.critic", "joint", "shared"),
     ("algorithm.entropy_schedule", "step", "linear"),
     ("trainer.mixed_precision", "fp16", "bf16"),

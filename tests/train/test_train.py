@@ -154,8 +154,8 @@ def test_kl_in_reward_adaptive_kl_tis_dual_clip_and_schedules_run_end_to_end(tmp
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
-@pytest.mark.parametrize("algorithm", ["gspo", "cispo"])
-def test_the_gspo_and_cispo_configs_train_end_to_end(tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm", ["gspo", "cispo", "turn_ppo"])
+def test_the_gspo_cispo_and_turn_ppo_configs_train_end_to_end(tmp_path, algorithm):
     from hydra import compose, initialize_config_module
 
     from turnrl.conf.schema import register_configs

@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 class LossConfig:
     """Settings of the policy loss and the value loss (under ``algorithm.`` in Hydra)."""
 
-    # policy loss, a name in turnrl.algorithms.POLICY_LOSSES: ppo_clip, gspo or cispo
+    # policy loss, a name in turnrl.algorithms.POLICY_LOSSES: ppo_clip, gspo, cispo or turn_ppo
     policy_loss: str = "ppo_clip"
-    # PPO ratio clip below 1 (policy_loss=ppo_clip)
+    # PPO ratio clip below 1 (policy_loss=ppo_clip; turn_ppo clips each turn's ratio with it)
     clip_low: float = 0.2
-    # PPO ratio clip above 1 (clip-higher when > clip_low; policy_loss=ppo_clip)
+    # PPO ratio clip above 1 (clip-higher when > clip_low; policy_loss=ppo_clip or turn_ppo)
     clip_high: float = 0.2
+    # Turn-PPO: a turn's importance ratio (policy_loss=turn_ppo): "product" (of its tokens' ratios: the
+    # probability ratio of the whole turn) or "geometric" (their geometric mean, length-normalised)
+    turn_ratio: str = "product"
     # GSPO: clip of the sequence ratio below 1 (paper: 3e-4; policy_loss=gspo). A field of its own, not
     # clip_low: sequence ratios (geometric means of token ratios) stay near 1, so PPO's 0.2 would never clip
     gspo_clip_low: float = 3e-4
@@ -69,7 +72,7 @@ class LossConfig:
     # weight of the entropy bonus at the first step (each step's is StepCoefs.entropy_coef)
     entropy_coef: float = 0.0
     # loss aggregation, a name in turnrl.algorithms.AGGREGATIONS: token-mean,
-    # seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm
+    # seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm or turn-mean
     loss_agg: str = "token-mean"
     # weight of the value loss of a shared value head
     vf_coef: float = 0.5

@@ -127,28 +127,46 @@ def all_gather_rows(values: torch.Tensor, pad: float = -1.0) -> list[torch.Tenso
     return [g[: int(k)] for g, k in zip(gathered, lengths)]
 
 
-def global_weights(aggregate: Callable[[torch.Tensor], torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+def global_weights(aggregate: Callable[..., torch.Tensor], mask: torch.Tensor,
+                   turn_index: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token loss weights of this process's rows as if ``aggregate`` ran on the loss mask
-    of the whole global minibatch.
+    (and the turns) of the whole global minibatch.
 
-    Only the other processes' per-row token counts are exchanged: they stand in as
-    left-aligned rows of ones, which is exact for every aggregation whose weights for a row
-    depend on the other rows only through their token counts (all of
-    ``turnrl.algorithms.losses.aggregation``: the global token count of token-mean, the number of
-    non-empty rows of the seq-mean modes, the longest row of seq-mean-token-sum-norm).
+    Only the other processes' per-row token counts (and, given ``turn_index``, turn counts) are
+    exchanged: they stand in as left-aligned rows of ones, a row of ``c`` tokens and ``m`` turns
+    holding ``m - 1`` turns of one token and one of the rest. That is exact for every
+    aggregation whose weights for a row depend on the other rows only through their token and
+    turn counts (all of ``turnrl.algorithms.losses.aggregation``: the global token count of
+    token-mean, the number of non-empty rows of the seq-mean modes, the longest row of
+    seq-mean-token-sum-norm, the number of turns of turn-mean).
 
     Args:
-        aggregate: an aggregation mode (``mask [N, T] -> weights [N, T]``).
+        aggregate: an aggregation mode (``(mask [N, T], turn_index [N, T] or None) -> weights [N, T]``).
         mask: ``[n, T]`` this process's loss mask of the minibatch (``n`` may be 0).
+        turn_index: ``[n, T]`` the turn of each of its tokens (-1 off turns), or None.
 
     Returns:
         ``[n, T]`` weights; summed with the other processes' they are the single-process loss.
     """
     if world_size() == 1:
-        return aggregate(mask)
+        return aggregate(mask, turn_index)
+    rank = dist.get_rank()
     counts = all_gather_rows(mask.sum(dim=1))
-    others = torch.cat([c for r, c in enumerate(counts) if r != dist.get_rank()])
+    others = torch.cat([c for r, c in enumerate(counts) if r != rank])
     width = max(mask.shape[1], int(others.max().item()) if others.numel() else 0)
-    stand_in = (torch.arange(width, device=mask.device)[None, :] < others[:, None]).to(mask.dtype)
+    position = torch.arange(width, device=mask.device)[None, :]
+    stand_in = (position < others[:, None]).to(mask.dtype)
     full = torch.cat([torch.nn.functional.pad(mask, (0, width - mask.shape[1])), stand_in])
-    return aggregate(full)[: mask.shape[0], : mask.shape[1]]
+    full_turns = None
+    if turn_index is not None:
+        on = (mask != 0) & (turn_index >= 0)
+        k = int(turn_index.max()) + 1 if turn_index.numel() else 1
+        seen = torch.zeros(mask.shape[0], max(k, 1), dtype=torch.bool, device=mask.device)
+        seen[torch.nonzero(on, as_tuple=True)[0], turn_index[on]] = True
+        turns = all_gather_rows(seen.sum(dim=1).to(mask.dtype))
+        other_turns = torch.cat([m for r, m in enumerate(turns) if r != rank]).long()
+        stand_in_turns = torch.minimum(position, (other_turns[:, None] - 1).clamp(min=0))
+        stand_in_turns = torch.where(stand_in > 0, stand_in_turns, torch.full_like(stand_in_turns, -1))
+        full_turns = torch.cat([torch.nn.functional.pad(turn_index, (0, width - mask.shape[1]), value=-1),
+                                stand_in_turns])
+    return aggregate(full, full_turns)[: mask.shape[0], : mask.shape[1]]

@@ -70,7 +70,7 @@ TOP_KEYS = ("shared", "factors", "seeds", "baseline", "threshold", "envs", "meth
 # policy loss and its own clip, the critic. The methods of an env may differ in these; every other
 # key is held fixed across them unless the suite declares it a factor (``factors``)
 METHOD_KEYS = ("algorithm.advantage", "algorithm.advantage_kwargs.", "algorithm.policy_loss", "algorithm.gspo_",
-               "algorithm.cispo_", "algorithm.turn_ppo_", "algorithm.critic", "algorithm.value_clip",
+               "algorithm.cispo_", "algorithm.turn_ratio", "algorithm.critic", "algorithm.value_clip",
                "algorithm.vf_coef", "algorithm.state_similarity")
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 BAND_CAPTION = "band: pointwise 95% bootstrap interval of the mean over seeds"

@@ -239,9 +239,9 @@ class AlgorithmConfig(LossConfig):
     entropy_schedule: str = "constant"
     # entropy weight at the last step (linear / cosine schedules)
     entropy_coef_end: float = 0.0
-    # critic-based estimators (gae, turn_gae): "separate" (a critic model: a copy of the
-    # policy's backbone + value head, trained with critic_lr) or "shared" (a value head on the
-    # policy's own backbone, trained in the policy's forward with vf_coef)
+    # critic-based estimators (gae, turn_gae, bilevel_gae, turn_mdp_gae): "separate" (a critic
+    # model: a copy of the policy's backbone + value head, trained with critic_lr) or "shared" (a
+    # value head on the policy's own backbone, trained in the policy's forward with vf_coef)
     critic: str = "separate"
     # anchor-state grouping for step-level credit (GiGPO): null = exact state_key match,
     # a float in (0, 1] also merges keys whose text is at least this similar

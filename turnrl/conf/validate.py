@@ -22,6 +22,7 @@ from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.learner.critic import CRITICS
 from turnrl.algorithms.learner.learner import MIXED_PRECISION
 from turnrl.algorithms.losses.importance import LEVELS
+from turnrl.algorithms.losses.policy import TURN_RATIOS
 from turnrl.algorithms.schedules import SCHEDULES
 from turnrl.chat.formats import FORMATS
 from turnrl.conf.schema import BACKENDS, TRACKER_PACKAGES, TRACKERS_EXTRA, WANDB_MODES, Config, LoggerConfig
@@ -68,6 +69,7 @@ def choice_fields(cfg: Config) -> list[tuple[str, str, Sequence[str]]]:
         ("algorithm.tis", algo.tis, LEVELS),
         ("algorithm.loss_agg", algo.loss_agg, AGGREGATIONS.names()),
         ("algorithm.policy_loss", algo.policy_loss, POLICY_LOSSES.names()),
+        ("algorithm.turn_ratio", algo.turn_ratio, TURN_RATIOS),
         ("algorithm.critic", algo.critic, CRITICS),
         ("algorithm.entropy_schedule", algo.entropy_schedule, SCHEDULES.names()),
         ("trainer.mixed_precision", trainer.mixed_precision, MIXED_PRECISION),

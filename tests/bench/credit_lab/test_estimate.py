@@ -118,5 +118,6 @@ def test_batches_collated_together_stay_apart():
 
 def test_every_algorithm_config_is_a_lab_method():
     labels = {m.label for m in shipped_methods()}
-    assert {"grpo", "rloo", "gigpo", "mt_grpo", "turn_returns", "ppo", "turn_gae", "gspo", "cispo"} <= labels
-    assert {m.loss.policy_loss for m in shipped_methods()} == {"ppo_clip", "gspo", "cispo"}
+    assert {"grpo", "rloo", "gigpo", "mt_grpo", "turn_returns", "ppo", "turn_gae", "bilevel_gae", "turn_ppo", "gspo",
+            "cispo"} <= labels
+    assert {m.loss.policy_loss for m in shipped_methods()} == {"ppo_clip", "gspo", "cispo", "turn_ppo"}

@@ -27,7 +27,7 @@ from turnrl.algorithms.config import LossConfig, OptimConfig
 from turnrl.algorithms.losses.importance import check_correction, truncated_is_weights
 from turnrl.algorithms.kl_control import PLACEMENTS
 from turnrl.algorithms.losses.token_losses import KL_ESTIMATORS
-from turnrl.algorithms.losses.policy import POLICY_LOSSES, policy_loss_settings
+from turnrl.algorithms.losses.policy import POLICY_LOSSES, TURN_RATIOS, policy_loss_settings, takes_turns
 from turnrl.algorithms.learner.scoring import token_logprobs
 from turnrl.algorithms.shapes import same_shape
 from turnrl.algorithms.learner.tally import Tally
@@ -151,9 +151,9 @@ class Learner:
             itself, all-reducing gradients once per optimizer step. None: plain torch.
 
     Raises:
-        ValueError: On a ``kl_placement``, ``tis`` or ``mixed_precision`` that is not one of
-            the allowed names, a ``dual_clip`` with a policy loss that has none, or an
-            accelerator that accumulates gradients itself.
+        ValueError: On a ``kl_placement``, ``tis``, ``mixed_precision`` or (for ``turn_ppo``)
+            ``turn_ratio`` that is not one of the allowed names, a ``dual_clip`` with a policy
+            loss that has none, or an accelerator that accumulates gradients itself.
         KeyError: On an unknown ``kl_estimator``, ``loss_agg`` or ``policy_loss`` (listing the
             valid names).
     """
@@ -168,6 +168,8 @@ class Learner:
         policy_loss = POLICY_LOSSES.get(loss.policy_loss)
         # the selected loss's own settings (keywords named after LossConfig fields)
         self.policy_loss_kwargs = policy_loss_settings(policy_loss, loss)
+        if self.policy_loss_kwargs.get("turn_ratio", TURN_RATIOS[0]) not in TURN_RATIOS:
+            raise ValueError(f"turn_ratio must be one of {TURN_RATIOS}, got {loss.turn_ratio!r}")
         if loss.dual_clip is not None and "dual_clip" not in self.policy_loss_kwargs:
             raise ValueError(f"dual_clip={loss.dual_clip} is set but policy_loss={loss.policy_loss!r} has no dual "
                              "clip; set dual_clip=None, or policy_loss='ppo_clip'")
@@ -198,6 +200,7 @@ class Learner:
         self.kl_fn = KL_ESTIMATORS.get(loss.kl_estimator)
         self.aggregate = AGGREGATIONS.get(loss.loss_agg)
         self.policy_loss = policy_loss
+        self._loss_takes_turns = takes_turns(policy_loss)  # a turn-level loss (turn_ppo) gets each token's turn
 
     @property
     def num_processes(self) -> int:
@@ -301,9 +304,9 @@ class Learner:
         row (given one attended token, so that its forward is finite even where every episode
         failed before a token)."""
         world, device = self.num_processes, batch.loss_mask.device
-        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask: aggregate(mask))
+        weigh = distributed.global_weights if world > 1 else (lambda aggregate, mask, turns: aggregate(mask, turns))
         weights = torch.zeros_like(batch.loss_mask)
-        weights[rows] = weigh(self.aggregate, batch.loss_mask[rows])
+        weights[rows] = weigh(self.aggregate, batch.loss_mask[rows], batch.turn_index[rows])
         value_weights = batch.loss_mask / self._reduce(batch.loss_mask[rows].sum()).clamp(min=1.0)
         micros = batch.micro_batches(rows, self.optim_cfg.micro_batch_size, self.optim_cfg.micro_batch_tokens)
         stand_in = None
@@ -449,7 +452,8 @@ class Learner:
             part.add_mismatch(logprobs.detach(), mb.old_logprobs, mask)
         if view is not None and record:
             view.keep(view_rows, mask, logprobs, entropy)
-        pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights,
+        turns = {"turn_index": mb.turn_index} if self._loss_takes_turns else {}
+        pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, adv, weights, is_weights=is_weights, **turns,
                                           **self.policy_loss_kwargs)
         ratio_max, ratio_min = float(stats.pop("ratio_max")), float(stats.pop("ratio_min"))
         loss = pg_loss

@@ -12,6 +12,8 @@ Every loss is ``fn(logprobs, old_logprobs, advantages, weights, *, <settings>, i
   needs a row's tokens (GSPO's sequence ratio) reads them there, so the signature stays one;
 - ``is_weights`` ``[N, T]`` or None: truncated importance-sampling weights (``algorithm.tis``),
   no gradient; each loss says what it does with them;
+- ``turn_index`` ``[N, T]``: the turn of each token (-1 off turns), given only to the losses
+  that take it (``takes_turns``: a turn-level loss, ``turn_ppo``);
 - the settings are keyword arguments named after ``LossConfig`` fields, with that field's
   default (``policy_loss_settings`` reads them from a config, so the learner passes each loss
   its own settings without knowing which loss it has).
@@ -40,8 +42,16 @@ POLICY_LOSSES: Registry = Registry("policy loss")
 # PPO-clip (with clip-higher, dual-clip and TIS): the default
 POLICY_LOSSES.register("ppo_clip")(ppo_clip_loss)
 
-TENSORS = ("logprobs", "old_logprobs", "advantages", "weights", "is_weights")
-"""The parameters every policy loss takes that are not settings."""
+TENSORS = ("logprobs", "old_logprobs", "advantages", "weights", "is_weights", "turn_index")
+"""The parameters of a policy loss that are not settings: every loss takes the first five, a
+turn-level loss ``turn_index`` too."""
+TURN_RATIOS = ("product", "geometric")
+"""The values of ``LossConfig.turn_ratio`` (``turn_ppo_loss``)."""
+
+
+def takes_turns(fn: Callable) -> bool:
+    """Whether the policy loss ``fn`` reads the turn of each token (a ``turn_index`` parameter)."""
+    return "turn_index" in inspect.signature(fn).parameters
 
 
 def policy_loss_settings(fn: Callable, cfg: LossConfig) -> dict:
@@ -187,4 +197,100 @@ def cispo_loss(
     loss = (per_token * weights).sum()
     with torch.no_grad():
         stats = _stats(log_ratio, ratio, is_weight != ratio, mask)
+    return loss, stats
+
+
+@POLICY_LOSSES.register("turn_ppo")
+def turn_ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    turn_index: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    turn_ratio: str = "product",
+    log_ratio_clip: float = 20.0,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Turn-PPO (Li et al. 2025, arXiv 2512.17008): PPO on the turn-level MDP, where a turn (the
+    model's whole reply to one observation) is one action, with one importance ratio and one
+    clip per turn.
+
+    The ratio of turn ``k`` is the probability ratio of the turn as an action, the product of
+    its tokens' ratios (``turn_ratio="product"``, the default):
+
+        ``r_k = pi(a_k | s_k) / pi_old(a_k | s_k) = exp(sum_{t in k} (logprob_t - old_logprob_t))``.
+
+    That is the ratio the paper's turn-level MDP defines; it is not clear from the paper whether
+    its implementation normalises it by the turn's length, so the length-normalised geometric
+    mean ``exp(mean_{t in k} (logprob_t - old_logprob_t))`` (GSPO's sequence ratio, per turn)
+    is ``turn_ratio="geometric"``. A product compounds its tokens' drift: a long turn leaves
+    ``[1 - clip_low, 1 + clip_high]`` after a small per-token change (and any sampler/learner
+    mismatch counts in it: ``algorithm.tis`` makes the learner's own logprobs the old ones),
+    so later minibatches and epochs clip whole turns; the geometric mean stays near 1 and wants
+    a tighter range. The log of ``r_k`` is clamped to ``[-log_ratio_clip, log_ratio_clip]``.
+
+    The loss of the turn is PPO's, with PPO's ``clip_low``/``clip_high`` applied once per turn:
+
+        ``L_k = -min(r_k A_k, clip(r_k, 1 - clip_low, 1 + clip_high) A_k)``,
+
+    ``A_k`` the turn's advantage (``turn_mdp_gae`` gives one per turn). The gradient reaches
+    every token of the turn through ``r_k``: ``dL_k / dlogprob_t = -A_k r_k`` for each token of
+    an unclipped turn (``-A_k r_k / n_k`` with the geometric mean, ``n_k`` its sampled tokens),
+    0 for every token of a turn whose loss takes the clipped branch.
+
+    Written per token, ``loss = sum_t weights_t * is_t * -min(r_{k(t)} A_t, clip(r_{k(t)}) A_t)``:
+    with an advantage constant over each turn this is ``sum_k W_k L_k``, the turn weighing
+    ``W_k = sum_{t in k} weights_t is_t``. The loss aggregation sets the turns' weights: under
+    ``turn-mean`` (``algorithm=turn_ppo``'s) every turn of the batch counts once (``W_k = 1 /
+    K``), the mean of ``L_k`` over the batch's turns; under ``token-mean`` a turn counts by its
+    tokens. An advantage that varies inside a turn is taken per token, each token's term
+    clipped by its own advantage's sign.
+
+    ``is_weights`` (``[N, T]``, no gradient) multiply each token's share of its turn's weight.
+
+    Args:
+        turn_index: ``[N, T]`` the turn of each token (-1 off turns); every token with a
+            nonzero weight needs one. Turns are told apart within a row.
+        turn_ratio: ``"product"`` or ``"geometric"`` (``TURN_RATIOS``).
+
+    Returns:
+        ``(loss, stats)``, the stats of ``ppo_clip_loss``: ``clipped`` counts the tokens whose
+        term takes the clipped branch (all the tokens of a clipped turn), ``ratio``,
+        ``ratio_max`` and ``ratio_min`` are of each token's turn ratio ``r_k``, ``approx_kl``
+        of the token log-ratios, ``dual_clipped`` is 0.
+
+    Raises:
+        ValueError: Without ``turn_index``, on a ``turn_ratio`` not in ``TURN_RATIOS``, or on a
+            token of the loss with turn -1.
+    """
+    if turn_index is None:
+        raise ValueError("turn_ppo_loss needs the turn of each token (turn_index): its ratio and clip are per turn")
+    if turn_ratio not in TURN_RATIOS:
+        raise ValueError(f"turn_ratio must be one of {TURN_RATIOS}, got {turn_ratio!r}")
+    same_shape("turn_ppo_loss", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, weights=weights,
+               is_weights=is_weights, turn_index=turn_index)
+    on = weights != 0
+    if bool((on & (turn_index < 0)).any()):
+        raise ValueError("turn_ppo_loss: a token of the loss (nonzero weight) has turn_index -1")
+    mask = on.to(logprobs.dtype)
+    token_log_ratio = torch.where(on, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    index = torch.where(on, turn_index, torch.zeros_like(turn_index))
+    turns = int(index.max()) + 1 if index.numel() else 1
+    per_turn = token_log_ratio.new_zeros(logprobs.shape[0], turns).scatter_add(1, index, token_log_ratio)
+    if turn_ratio == "geometric":
+        sizes = mask.new_zeros(logprobs.shape[0], turns).scatter_add(1, index, mask)
+        per_turn = per_turn / sizes.clamp(min=1.0)
+    # each token's turn ratio, with the gradient of every token of its turn
+    ratio = per_turn.clamp(-log_ratio_clip, log_ratio_clip).exp().gather(1, index)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
+    loss = (per_token * weights).sum()
+    with torch.no_grad():
+        stats = _stats(token_log_ratio, ratio.detach(), clipped > unclipped, mask)
     return loss, stats

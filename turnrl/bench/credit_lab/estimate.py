@@ -39,7 +39,7 @@ from turnrl.algorithms.batch import TrainBatch
 from turnrl.algorithms.config import LossConfig
 from turnrl.algorithms.credit.critic_advantages import VALUE_TARGETS
 from turnrl.algorithms.credit.groups import STAT_DTYPE, group_normalize, leave_one_out_centred
-from turnrl.algorithms.losses.policy import POLICY_LOSSES, policy_loss_settings
+from turnrl.algorithms.losses.policy import POLICY_LOSSES, policy_loss_settings, takes_turns
 from turnrl.algorithms.credit.turns import discounted_turn_returns, turn_valid, turns_to_tokens
 from turnrl.bench.credit_lab.episodes import LabBatch
 from turnrl.registry import Registry
@@ -175,10 +175,11 @@ def gradients(method: Method, lab_batch: LabBatch, theta: torch.Tensor, aggregat
     batch = lab_batch.batch
     adv = advantages(method, lab_batch, per_batch)
     aggregate = AGGREGATIONS.get(aggregation or method.loss.loss_agg)
-    weights = torch.cat([aggregate(batch.loss_mask[rows]) for rows in lab_batch.slices])
+    weights = torch.cat([aggregate(batch.loss_mask[rows], batch.turn_index[rows]) for rows in lab_batch.slices])
     logp = token_logprobs(theta.detach(), batch).requires_grad_(True)
     loss_fn = POLICY_LOSSES.get(method.loss.policy_loss)
-    loss, _ = loss_fn(logp, batch.old_logprobs.to(logp.dtype), adv, weights,
+    turns = {"turn_index": batch.turn_index} if takes_turns(loss_fn) else {}
+    loss, _ = loss_fn(logp, batch.old_logprobs.to(logp.dtype), adv, weights, **turns,
                       **policy_loss_settings(loss_fn, method.loss))
     (dlogp,) = torch.autograd.grad(loss, logp)
     which = torch.cat([torch.full((r.stop - r.start,), b) for b, r in enumerate(lab_batch.slices)])
