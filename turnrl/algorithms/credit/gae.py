@@ -194,10 +194,7 @@ def turn_level_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0, 
         ValueError: If ``values`` is not ``[N, T]``, the loss mask's shape.
     """
     same_shape("turn_level_gae", loss_mask=batch.loss_mask, values=values)
-    t = _turns(batch, values)
-    turn_adv, turn_v = _turn_level(t, t.first, gamma, lam)
-    target = (turn_adv + turn_v).gather(1, t.turn_id) * t.valid  # G_k for every token of turn k
-    return _unpack(_within_turns(t, target, 1.0, token_lam), t.cols, t.valid, batch.loss_mask)
+    return _two_level(batch, values, "first", gamma, lam, 1.0, token_lam)
 
 
 def bilevel_gae(batch: TrainBatch, values: torch.Tensor, high_level_gamma: float = 0.95,
@@ -238,10 +235,17 @@ def bilevel_gae(batch: TrainBatch, values: torch.Tensor, high_level_gamma: float
         ValueError: If ``values`` is not ``[N, T]``, the loss mask's shape.
     """
     same_shape("bilevel_gae", loss_mask=batch.loss_mask, values=values)
+    return _two_level(batch, values, "last", high_level_gamma, lam, token_level_gamma, lam)
+
+
+def _two_level(batch: TrainBatch, values: torch.Tensor, read: str, gamma: float, lam: float, token_gamma: float,
+               token_lam: float) -> torch.Tensor:
+    """GAE over turns with each turn's value read at its ``read`` ("first" or "last") sampled
+    token, then GAE inside each turn from the turn's return ``G_k``: ``[N, T]`` advantages."""
     t = _turns(batch, values)
-    turn_adv, turn_v = _turn_level(t, t.last, high_level_gamma, lam)
+    turn_adv, turn_v = _turn_level(t, getattr(t, read), gamma, lam)
     target = (turn_adv + turn_v).gather(1, t.turn_id) * t.valid  # G_k for every token of turn k
-    return _unpack(_within_turns(t, target, token_level_gamma, lam), t.cols, t.valid, batch.loss_mask)
+    return _unpack(_within_turns(t, target, token_gamma, token_lam), t.cols, t.valid, batch.loss_mask)
 
 
 def turn_mdp_gae(batch: TrainBatch, values: torch.Tensor, gamma: float = 1.0,

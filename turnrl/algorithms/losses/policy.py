@@ -85,6 +85,21 @@ def _stats(log_ratio: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor,
     }
 
 
+def _clipped_objective(advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float, weights: torch.Tensor,
+                       is_weights: torch.Tensor | None, token_log_ratio: torch.Tensor, mask: torch.Tensor):
+    """The clipped surrogate of a ratio already built per token (a sequence's or a turn's on each of
+    its tokens): ``sum(weights * max(-A r, -A clip(r, low, high)) * is_weights)`` and ``_stats``."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(low, high)
+    per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
+    loss = (per_token * weights).sum()
+    with torch.no_grad():
+        stats = _stats(token_log_ratio, ratio.detach(), clipped > unclipped, mask)
+    return loss, stats
+
+
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(
     logprobs: torch.Tensor,
@@ -137,15 +152,8 @@ def gspo_loss(
     seq_log_ratio = (token_log_ratio.sum(dim=1, keepdim=True) / lengths).clamp(-log_ratio_clip, log_ratio_clip)
     # GSPO-token: the value of s_i on every token, the gradient of each token's own log pi
     ratio = torch.exp(seq_log_ratio.detach() + logprobs - logprobs.detach())
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - gspo_clip_low, 1.0 + gspo_clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach()
-    loss = (per_token * weights).sum()
-    with torch.no_grad():
-        stats = _stats(token_log_ratio, ratio.detach(), clipped > unclipped, mask)
-    return loss, stats
+    return _clipped_objective(advantages, ratio, 1.0 - gspo_clip_low, 1.0 + gspo_clip_high, weights, is_weights,
+                              token_log_ratio, mask)
 
 
 @POLICY_LOSSES.register("cispo")
@@ -285,12 +293,5 @@ def turn_ppo_loss(
         per_turn = per_turn / sizes.clamp(min=1.0)
     # each token's turn ratio, with the gradient of every token of its turn
     ratio = per_turn.clamp(-log_ratio_clip, log_ratio_clip).exp().gather(1, index)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach()
-    loss = (per_token * weights).sum()
-    with torch.no_grad():
-        stats = _stats(token_log_ratio, ratio.detach(), clipped > unclipped, mask)
-    return loss, stats
+    return _clipped_objective(advantages, ratio, 1.0 - clip_low, 1.0 + clip_high, weights, is_weights,
+                              token_log_ratio, mask)
