@@ -64,6 +64,17 @@ def test_directions_of_tiny_spread_are_left_out_the_others_weigh_alike():
     assert sign_flip_p(wide, flips=999, cond=0.01) > 1e-3  # narrower than 1% of the widest: left out
 
 
+def test_gradients_along_the_true_one_leave_only_round_off_untested():
+    """Every batch's gradient a multiple of the true one: the residual is round-off, with a
+    systematic part that a whitened test would call certain; it is left out (p = 1)."""
+    g = torch.Generator().manual_seed(4)
+    true = torch.tensor([0.3, -0.2, 0.1, 0.05], dtype=torch.float64)
+    along = (1.0 + torch.rand(500, 1, generator=g, dtype=torch.float64)) * true
+    grads = along + 1e-17 * (1.0 + torch.rand(500, 4, generator=g, dtype=torch.float64))
+    figures = summarize(grads, true, flips=99)
+    assert figures["p_direction"] == 1.0 and figures["angle"] < 1e-6 and figures["p_scale"] < 1e-10
+
+
 def test_t_test_of_a_known_mean():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
     assert t_test_p(x, 3.0) == pytest.approx(1.0)

@@ -44,6 +44,11 @@ def _p(p: float) -> str:
     return f"{p:.2g}"
 
 
+def _x(ratio: float) -> str:
+    """A ratio of errors: ``0.33x``, ``1.04x``, ``27x``."""
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
+
+
 def direction(row: dict) -> str:
     """How far the row's mean gradient is from the true one, and what the test says."""
     if row["p_direction"] < ALPHA:
@@ -64,7 +69,7 @@ class Ratio:
     def text(self, rows: Sequence[dict]) -> str:
         a, b = find(rows, self.sweep, self.x, self.method), find(rows, self.sweep, self.x, self.versus)
         biased = [r for r in (a, b) if r["p_direction"] < ALPHA] or [a]
-        return (f"{_m(self.method)}'s error is {a['nmse'] / b['nmse']:.2g}x {_m(self.versus)}'s (nmse {fmt(a['nmse'])} "
+        return (f"{_m(self.method)}'s error is {_x(a['nmse'] / b['nmse'])} {_m(self.versus)}'s (nmse {fmt(a['nmse'])} "
                 f"against {fmt(b['nmse'])}); " + "; ".join(direction(r) for r in biased) + f" {cell_name(a)}.")
 
 
@@ -110,7 +115,7 @@ class Growth:
         got = [find(rows, self.sweep, x, self.method) for x in self.xs]
         first, last = got[0], got[-1]
         ratio = last["nmse"] / first["nmse"]
-        way = f"grows {ratio:.2g}x" if ratio >= 1 else f"falls to {ratio:.2g}x"
+        way = f"grows {_x(ratio)}" if ratio >= 1 else f"falls to {_x(ratio)}"
         path = " -> ".join(fmt(r["nmse"]) for r in got)
         return (f"{_m(self.method)}'s error {way} from `{self.xs[0]}` to `{self.xs[-1]}` ({path}) [{self.sweep} sweep, "
                 + ", ".join(f"`{r['x']}`: {r['mdp']}, G={int(r['group_size'])}" for r in (first, last))

@@ -25,7 +25,8 @@ direction and scale are reported apart:
 * ``p_direction``: a sign-flip test of ``E[r] = 0`` (no component orthogonal to ``true``:
   unbiased up to a positive or negative scale), ``sign_flip_p``. It weighs the directions in
   which the ``r_b`` spread by at least ``COND`` of the widest one alike (a chi-square-like
-  statistic on that well-conditioned projection) and leaves the others out; its p-value
+  statistic on that well-conditioned projection) and leaves the others out, as it does
+  directions of round-off (below ``ROUND_OFF`` of the gradients' second moment); its p-value
   ``(1 + #{flipped >= observed}) / (FLIPS + 1)`` is never below ``1 / (FLIPS + 1)``.
 * ``p_unbiased``: ``E[g] = true``, the two tests together (Bonferroni: twice the smaller p).
 
@@ -47,9 +48,13 @@ FLIPS = 4999
 COND = 1e-3
 """The direction test weighs the directions whose second moment is at least this share of the
 largest one's (condition number at most 1e3) and leaves the rest out."""
+ROUND_OFF = 1e-10
+"""... and those holding less than this share of the gradients' own second moment: round-off
+(an estimator whose every gradient lies along the true one leaves a residual of 1e-16 of it)."""
 
 
-def sign_flip_p(samples: torch.Tensor, flips: int = FLIPS, seed: int = 0, cond: float = COND) -> float:
+def sign_flip_p(samples: torch.Tensor, flips: int = FLIPS, seed: int = 0, cond: float = COND,
+                floor: float = 0.0) -> float:
     """p-value of the sign-flip test of ``E[x] = 0`` for independent ``samples [B, D]``.
 
     The samples are whitened by their uncentred second moment ``M = sum_b x_b x_b^T`` within
@@ -59,15 +64,16 @@ def sign_flip_p(samples: torch.Tensor, flips: int = FLIPS, seed: int = 0, cond: 
     under ``E[x] = 0`` with each ``x_b`` symmetric about 0 the test is exact, and without
     symmetry valid as ``B`` grows. Directions left out: those in which the samples hardly vary
     (a softmax's redundant logit, the exact values' float32 round-off), where a standardised
-    test would call a bias of 1e-6 of the gradient certain. Returns ``(1 + #{flipped >= T}) /
-    (flips + 1)``, in ``[1 / (flips + 1), 1]`` (1 when every sample is 0); deterministic for a
-    given ``seed``.
+    test would call a bias of 1e-6 of the gradient certain; with ``floor``, also those whose
+    eigenvalue is below it (round-off, when every sample is). Returns ``(1 + #{flipped >= T}) /
+    (flips + 1)``, in ``[1 / (flips + 1), 1]`` (1 when no direction is left); deterministic for
+    a given ``seed``.
     """
     x = samples.to(torch.float64).reshape(samples.shape[0], -1)
     eigval, eigvec = torch.linalg.eigh(x.T @ x)
-    if not float(eigval.max()) > 0:
+    keep = (eigval >= cond * eigval.max()) & (eigval > floor) & (eigval > 0)
+    if not bool(keep.any()):
         return 1.0
-    keep = eigval >= cond * eigval.max()
     z = x @ (eigvec[:, keep] / eigval[keep].sqrt())
     observed = float((z.sum(dim=0) ** 2).sum())
     generator = torch.Generator().manual_seed(seed)
@@ -121,7 +127,7 @@ def summarize(grads: torch.Tensor, true: torch.Tensor, flips: int = FLIPS) -> di
     off2 = float((residual.mean(dim=0) ** 2).sum())  # |mean r|^2
     size2 = scale * scale * t_norm2
     p_scale = t_test_p(along, t_norm)
-    p_direction = sign_flip_p(residual, flips)
+    p_direction = sign_flip_p(residual, flips, floor=ROUND_OFF * float((g**2).sum()))
     return {
         "cosine": cosine,
         "angle": angle_degrees(cosine),
