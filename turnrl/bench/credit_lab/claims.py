@@ -269,7 +269,9 @@ DOC_CLAIMS: dict[str, tuple[Spec, ...]] = {
     "credit_lab_infra": (
         Summary(("rloo",), ("infra",), match="^corridor reset=0.1 keep$"),
         Summary(("rloo", "turn_returns", "ppo_raw", "reinforce"), ("infra",), match="step=0.02 keep$"),
-        Summary(("rloo", "turn_returns", "ppo_raw", "reinforce"), ("infra",), match="0.02 (drop|refill)$"),
+        Summary(("rloo", "turn_returns", "ppo_raw", "reinforce"), ("infra",), match="^bandit step=0.02 (drop|refill)$"),
+        Summary(("rloo", "turn_returns", "ppo_raw", "reinforce"), ("infra",),
+                match="^corridor step=0.02 (drop|refill)$"),
         Growth("infra", "rloo", ("bandit none", "bandit step=0.02 keep", "bandit step=0.02 drop",
                                  "bandit step=0.02 refill")),
         Summary(("rloo", "turn_returns"), ("infra",), match="^corridor step=0.15 drop$"),
