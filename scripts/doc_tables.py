@@ -28,7 +28,8 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from turnrl.bench.credit_lab.report import tables_markdown  # noqa: E402
+from turnrl.bench.credit_lab.claims import DOC_CLAIMS, claims_markdown  # noqa: E402
+from turnrl.bench.credit_lab.report import BATCH_CELLS, tables_markdown  # noqa: E402
 from turnrl.bench.record import Record, load  # noqa: E402
 from turnrl.bench.report import markdown  # noqa: E402
 from turnrl.bench.stats import RunRecord, summarize  # noqa: E402
@@ -260,8 +261,16 @@ def baselines(r: Record) -> str:
 
 
 def credit_lab(r: Record) -> str:
-    """Every figure of one cell, then nmse per method and cell for each sweep."""
-    return tables_markdown(r.result["rows"], ("horizon", "key_door H=16"), level=4)
+    """Every figure of one cell, the error against batch size in a few, then nmse per method and
+    cell for each sweep."""
+    return tables_markdown(r.result["rows"], ("horizon", "key_door H=16"), level=4, batch_cells=BATCH_CELLS)
+
+
+def credit_lab_claims(name: str) -> Callable[[Record], str]:
+    """The sentences of the credit lab's claim block ``name`` (``credit_lab.claims.DOC_CLAIMS``)."""
+    def claims(r: Record) -> str:
+        return claims_markdown(r.result["rows"], DOC_CLAIMS[name])
+    return claims
 
 
 def _met(ok: bool) -> str:
@@ -466,6 +475,7 @@ TABLES: dict[str, Table] = {
     "sandbox": _one("bench_sandbox.json", sandbox),
     "trl": _one("bench_trl.json", trl),
     "credit_lab": _one("credit_lab.json", credit_lab),
+    **{name: _one("credit_lab.json", credit_lab_claims(name)) for name in DOC_CLAIMS},
     "mfu_cpu": _one("bench_mfu_cpu.json", mfu),
     "vllm_rollout": _one("bench_vllm_rollout.json", vllm_rollout),
     "scale_learner": _one("bench_scale.json", scale_learner),

@@ -157,9 +157,10 @@ def _parser() -> argparse.ArgumentParser:
         "credit-lab", help="measure every credit method's gradient against the exact one on small MDPs",
         description="Sample many independent batches of small multi-turn MDPs under a tabular softmax policy, "
                     "pass them through collate, every advantage estimator and policy loss, and compare each "
-                    "method's gradient with the exact policy gradient: bias (cosine, Hotelling tests), "
-                    "variance and signal-to-noise, as horizon, group size, reward sparsity, ragged lengths, "
-                    "loss aggregation and staleness vary. Writes results.csv, tables.md, lab.png and "
+                    "method's gradient with the exact policy gradient: bias (angle, scale, sign-flip and t tests), "
+                    "variance, signal-to-noise and the error at larger batches, as horizon, group size, reward "
+                    "sparsity, graded rewards, ragged lengths, loss aggregation, staleness and infrastructure "
+                    "failures vary. Writes results.csv, tables.md, lab.png and "
                     "report.html into --out (see turnrl.bench.credit_lab).",
     )
     lab.add_argument("--sweeps", nargs="+", default=None, metavar="SWEEP",

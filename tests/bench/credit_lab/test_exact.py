@@ -39,6 +39,7 @@ def enumerate_objective(mdp, theta):
 @pytest.mark.parametrize("name, kwargs", [
     ("corridor", {"length": 2, "horizon": 4, "slip": 0.2, "stop_prob": 0.1, "shaped": True}),
     ("key_door", {"length": 2, "horizon": 5, "slip": 0.1}),
+    ("key_door", {"length": 2, "horizon": 5, "slip": 0.1, "bare_door": 0.3, "stop_prob": 0.1}),
     ("bandit_chain", {"horizon": 3, "contexts": 2, "arms": 2, "stop_prob": 0.2}),
 ])
 def test_gradient_equals_the_sum_over_every_trajectory(name, kwargs):
@@ -87,3 +88,21 @@ def test_policy_point_and_mdp_checks():
         make_mdp("corridor", size=3)
     with pytest.raises(KeyError, match="valid names"):
         make_mdp("maze")
+
+
+def test_a_bare_door_grades_the_outcomes():
+    """The door opened without the key ends the episode with the lesser reward, not a success;
+    without ``bare_door`` the MDP is the binary one."""
+    binary = make_mdp("key_door", length=3, horizon=8)
+    graded = make_mdp("key_door", length=3, horizon=8, bare_door=0.3)
+    assert graded.num_states == binary.num_states + 1 and graded.state_names[-1] == "forced"
+    live = ~graded.terminal[:, None, None] & (graded.P > 0)  # transitions that happen
+    ending = {round(float(r), 6) for r in graded.R[live & graded.terminal[None, None, :]]}
+    assert ending == {0.3, 1.0} and not graded.success[-1] and graded.terminal[-1]
+    def right(mdp):
+        return torch.tensor([[-30.0, 30.0]] * mdp.num_states, dtype=torch.float64)
+
+    # always right: the task without the key forces the door (0.3), the one with it opens it (1)
+    assert exact(graded, right(graded)).objective == pytest.approx((0.3 + 1.0) / 2)
+    assert exact(graded, right(graded)).success == pytest.approx(0.5)
+    assert exact(binary, right(binary)).objective == pytest.approx(0.5)

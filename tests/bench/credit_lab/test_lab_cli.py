@@ -16,7 +16,9 @@ def test_credit_lab_writes_its_report(tmp_path, capsys):
     assert len(rows) == 3 * len(lab_methods())
     assert {r["x"] for r in rows} == {"stop=0", "stop=0.1", "stop=0.2"}
     for r in rows:
-        assert -1.0 <= float(r["cosine"]) <= 1.0 and 0.0 <= float(r["p_direction"]) <= 1.0
+        assert -1.0 <= float(r["cosine"]) <= 1.0 and 0.0 <= float(r["angle"]) <= 180.0
+        assert 1 / 5000 <= float(r["p_direction"]) <= 1.0 and 0.0 <= float(r["p_scale"]) <= 1.0
+        assert float(r["bias2"]) >= 0.0 and float(r["variance"]) >= 0.0
         assert int(r["batches"]) == 40
     printed = capsys.readouterr().out
     assert "### ragged" in printed and "| turn_returns |" in printed and "report.html" in printed

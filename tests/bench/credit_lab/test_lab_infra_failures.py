@@ -1,7 +1,7 @@
 """Episodes the infrastructure ends, in the credit lab: how they are injected (as the collector
 writes them), and the bias of each ``trainer.infra_failures`` policy against the exact gradient.
 
-The statistical test is Hotelling's test of ``E[g] = grad J`` at level 1e-3, as in
+The statistical test is the lab's test of ``E[g] = grad J`` (``stats.summarize``) at level 1e-3, as in
 ``test_unbiased.py``: with a random seed an unbiased method would fail it with probability
 1e-3; the seed is fixed, so the outcome is too.
 """
@@ -66,7 +66,7 @@ def test_keep_is_biased_and_drop_and_refill_are_not():
     """A fixed-length bandit chain (8 turns, a reward every turn) whose env steps raise 2% of the
     time: 1 - 0.98^8 = 15% of the episodes fail. Kept with reward 0, a failure's turns count
     the returns of a truncated episode, so the expected gradient shrinks (to about 0.92 of the
-    exact one) and Hotelling's test rejects it; dropped (the episodes that did not fail are
+    exact one) and the scale test rejects it; dropped (the episodes that did not fail are
     samples of the policy: failing does not depend on what the episode did, every episode being
     8 turns long) or sampled again, the gradient is unbiased."""
     mdp = make_mdp("bandit_chain", horizon=8)

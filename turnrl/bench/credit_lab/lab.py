@@ -8,6 +8,9 @@ A sweep varies one knob over cells; ``SWEEPS`` holds the ones the docs show:
 * ``horizon``: corridor, key-door and bandit chain at 2 to 32 turns;
 * ``group``: group size 2 to 16 (corridor, key-door);
 * ``sparsity``: outcome-only vs shaped per-turn rewards (corridor, key-door);
+* ``rewards``: graded outcomes on a key-door whose door also opens without the key for a
+  lesser reward (0 / x / 1 instead of 0 / 1), at group sizes 4 and 8: where dividing by a
+  group's std (GRPO) weighs a group whose episodes differ by 0.1 as one that differs by 1;
 * ``ragged``: the chance that an episode stops at each turn, 0 to 0.2 (corridor);
 * ``aggregation``: the four loss aggregations on ragged corridors;
 * ``staleness``: samples from an older policy than the one being updated (asynchronous RL),
@@ -15,7 +18,8 @@ A sweep varies one knob over cells; ``SWEEPS`` holds the ones the docs show:
 * ``infra``: episodes the infrastructure ends (a failed reset, or a step that raises), about 10
   to 15% of them, trained on with reward 0 (``keep``), dropped (``drop``) or sampled again once
   (``refill``): ``trainer.infra_failures``' three policies, on ragged corridors (whose long
-  episodes meet more failing steps) and fixed-length bandit chains.
+  episodes meet more failing steps) and fixed-length bandit chains, and one corridor whose
+  steps fail at 15%.
 
 Unless a sweep says otherwise the aggregation is ``seq-mean-token-sum`` (each episode's token
 sum, over the number of episodes), the one under which plain REINFORCE is exactly unbiased,
@@ -99,6 +103,16 @@ def sparsity_sweep() -> list[Cell]:
             for shaped in (False, True)]
 
 
+@SWEEPS.register("rewards")
+def rewards_sweep() -> list[Cell]:
+    cells = []
+    for g in (4, 8):
+        cells.append(Cell("rewards", f"0/1 G={g}", "key_door", {"length": 4, "horizon": 8}, group_size=g))
+        cells += [Cell("rewards", f"0/{x:g}/1 G={g}", "key_door", {"length": 4, "horizon": 8, "bare_door": x},
+                       group_size=g) for x in (0.6, 0.3, 0.1)]
+    return cells
+
+
 @SWEEPS.register("ragged")
 def ragged_sweep() -> list[Cell]:
     return [Cell("ragged", f"stop={p:g}", "corridor", {"length": 4, "horizon": 12, "stop_prob": p})
@@ -126,6 +140,9 @@ def infra_sweep() -> list[Cell]:
         cells.append(Cell("infra", f"{name} none", mdp, kwargs))
         cells += [Cell("infra", f"{name} {model}={rate:g} {policy}", mdp, kwargs, infra_rate=rate, infra_model=model,
                        infra_policy=policy) for model, rate in failures for policy in ("keep", "drop", "refill")]
+    # failing steps at a high rate: long episodes fail more, so those trained on lean short
+    cells.append(Cell("infra", "corridor step=0.15 drop", "corridor", {"length": 4, "horizon": 12, "stop_prob": 0.1},
+                      infra_rate=0.15, infra_model="step", infra_policy="drop"))
     return cells
 
 

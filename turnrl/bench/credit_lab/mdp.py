@@ -12,7 +12,9 @@ Builders (``MDPS``, looked up by name, every knob a keyword argument):
   (1 at the goal) or shaped (``shaped=True``: +-1/length per cell of progress, the goal's 1
   on top); repeated states when the walk turns back; episodes end at the goal (ragged).
 * ``key_door``: fetch a key at the left end, then open the door at the right end; the state
-  is (cell, has key), so every cell is revisited; reward 1 only at the open door.
+  is (cell, has key), so every cell is revisited; reward 1 only at the open door. With
+  ``bare_door=x`` the door also opens without the key, ending the episode with the lesser
+  reward ``x``: outcomes then take three values (0, ``x``, 1), not two.
 * ``bandit_chain``: ``horizon`` turns, each in one of ``contexts`` random contexts with its
   own best arm; a reward every turn (dense), fixed episode length.
 
@@ -119,17 +121,20 @@ def corridor(length: int = 4, horizon: int = 8, slip: float = 0.1, shaped: bool 
 
 
 @MDPS.register("key_door")
-def key_door(length: int = 3, horizon: int = 12, slip: float = 0.0, shaped: bool = False, stop_prob: float = 0.0
-             ) -> TabularMDP:
+def key_door(length: int = 3, horizon: int = 12, slip: float = 0.0, shaped: bool = False, stop_prob: float = 0.0,
+             bare_door: float | None = None) -> TabularMDP:
     """Cells ``0..length``; the key lies at cell 0, the door at ``length``. State = (cell, has
     key); reaching cell 0 takes the key; reaching the door with the key ends the episode with
     reward 1 (without it, the door is a wall cell like any other). Tasks start in the middle
-    without the key, and at the door's side with it. ``shaped``: +0.5 for taking the key."""
+    without the key, and at the door's side with it. ``shaped``: +0.5 for taking the key.
+    ``bare_door``: reaching the door without the key ends the episode too, with this reward (a
+    lesser exit, not a success): graded outcomes 0 (turn limit), ``bare_door`` and 1."""
     if length < 2:
         raise ValueError(f"key_door needs length >= 2, got {length}")
     cells = length + 1
-    n = 2 * cells + 1  # (cell, key) + the opened door
-    door = n - 1
+    n = 2 * cells + 1 + (bare_door is not None)  # (cell, key) + the opened door (+ the door forced without the key)
+    door = 2 * cells
+    forced = door + 1
 
     def index(cell: int, key: int) -> int:
         return key * cells + cell
@@ -142,15 +147,23 @@ def key_door(length: int = 3, horizon: int = 12, slip: float = 0.0, shaped: bool
                 for prob, move in ((1.0 - slip, step), (slip, -step)):
                     c2 = min(max(cell + move, 0), length)
                     k2 = 1 if key or c2 == 0 else 0
-                    s2 = door if (k2 and c2 == length) else index(c2, k2)
+                    s2 = index(c2, k2)
+                    if c2 == length and (k2 or bare_door is not None):
+                        s2 = door if k2 else forced
                     P[s, a, s2] += prob
-                    R[s, a, s2] = (1.0 if s2 == door else 0.0) + (0.5 if shaped and k2 and not key else 0.0)
-    P[door, :, door] = 1.0
+                    R[s, a, s2] = ((1.0 if s2 == door else bare_door if s2 == forced else 0.0)
+                                   + (0.5 if shaped and k2 and not key else 0.0))
     terminal = np.zeros(n, bool)
-    terminal[door] = True
-    name = f"key_door L={length} H={horizon}" + (" shaped" if shaped else "")
-    name, P, R, terminal, success = _with_stop(name, P, R, terminal, terminal.copy(), stop_prob)
+    terminal[door:] = True
+    for end in range(door, n):
+        P[end, :, end] = 1.0
+    success = np.zeros(n, bool)
+    success[door] = True
+    name = (f"key_door L={length} H={horizon}" + (" shaped" if shaped else "")
+            + (f" bare_door={bare_door:g}" if bare_door is not None else ""))
+    name, P, R, terminal, success = _with_stop(name, P, R, terminal, success, stop_prob)
     names = tuple(f"cell{c}{'+key' if k else ''}" for k in (0, 1) for c in range(cells)) + ("open",)
+    names += ("forced",) if bare_door is not None else ()
     names += ("stopped",) if stop_prob else ()
     return TabularMDP(name, P, R, terminal, success, horizon, (index(length // 2, 0), index(length - 1, 1)), names)
 
