@@ -212,9 +212,7 @@ DOC_CLAIMS: dict[str, tuple[Spec, ...]] = {
         Ratio("horizon", "corridor H=32", "gigpo", "grpo"),
         Crossover("horizon", "key_door H=32", "gigpo", "grpo"),
         Ratio("horizon", "key_door H=32", "ppo", "grpo"),
-        Ratio("horizon", "corridor H=32", "ppo", "grpo"),
         Ratio("rewards", "0/0.1/1 G=4", "grpo", "rloo"),
-        Ratio("horizon", "bandit H=32", "mt_grpo", "grpo"),
     ),
     "credit_lab_unbiased": (
         Summary(UNBIASED, ON_POLICY, on_policy=True),
