@@ -178,6 +178,11 @@ def test_weak_player_mixes_the_expert_and_the_near_end_plan():
     assert {env.weak_expert_action(rng) for _ in range(50)} == {"left"}
     assert {KeyDoorEnv(**LONG, weak_skill=1.0).weak_skill, KeyDoorEnv(**LONG).weak_skill} == {1.0, 0.3}
 
+    noisy = KeyDoorEnv(**LONG, weak_random=1.0)  # every move random: before the middle too
+    at(noisy, (16, 7))
+    lefts = sum(noisy.weak_expert_action(rng) == "left" for _ in range(1000))
+    assert 430 < lefts < 570 and KeyDoorEnv(**LONG).weak_random == 0.0
+
 
 def test_splits_are_a_stable_hash_of_length_and_start():
     assert tasks(range(15, 20), (0.4, 0.7), "test") == (
@@ -200,6 +205,7 @@ def test_splits_are_a_stable_hash_of_length_and_start():
     ({"start_band": (0.4, 1.5)}, "start_band must be two fractions"),
     ({"slip": 1.5}, "slip must be a probability"),
     ({"weak_skill": -0.1}, "weak_skill must be a probability"),
+    ({"weak_random": 2}, "weak_random must be a probability"),
     ({"progress_reward": 1.0}, "progress_reward must be a number in"),
     ({"length": 4, "min_length": None, "start_band": (0.5, 0.5)}, "has no 'train' task|has no 'test' task"),
 ])
@@ -227,9 +233,11 @@ def test_hydra_groups_build_the_env():
     assert gymnasium.spec("turnrl/KeyDoor-v0").entry_point == "turnrl.envs.games.key_door:KeyDoorEnv"
     cfg = compose_env("key_door_long")
     assert cfg.agent.warmstart.player == "weak" and cfg.agent.max_new_tokens == 8
+    assert (cfg.agent.warmstart.steps, cfg.agent.warmstart.batch_size) == (300, 16)
+    assert (cfg.trainer.steps, cfg.trainer.eval_every) == (12, 2)
     env = env_factory(cfg)().unwrapped
     assert (env.length, env.min_length, env.start_band, env.max_turns, env.weak_skill) == (19, 15, (0.4, 0.7), 40, 0.3)
-    assert (env.slip, env.progress_reward) == (0.0, 0.0)
+    assert (env.slip, env.progress_reward, env.weak_random) == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.slow  # trains the run's tokenizer on 800 scripted episodes: seconds

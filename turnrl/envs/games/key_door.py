@@ -52,8 +52,9 @@ Scripted players:
     cell but those past the middle without the key, where the weak player goes left with p=0.3
     only: a model that imitates it walks to the locked door from every start past the middle
     when it plays greedily (its held-out success is the share of starts at or before the
-    middle), and RL has to flip exactly those states' decisions. ``random_action`` is ``left``
-    or ``right`` with p=1/2.
+    middle), and RL has to flip exactly those states' decisions. With ``weak_random`` (default
+    0) the weak player first plays a random move with that probability: noise in every state.
+    ``random_action`` is ``left`` or ``right`` with p=1/2.
     Measured with ``python -m turnrl baselines turnrl/KeyDoor-v0 --episodes 200`` (default
     kwargs: ``L`` in 6..10, 22 turns), success (mean turns): test random 0.03 (21.9), weak
     0.69 (16.1), expert 1.00 (12.9); train random 0.01, weak 0.62, expert 1.00. Under
@@ -125,7 +126,9 @@ class KeyDoorEnv(MultiTurnEnv):
             ``ceil(low * L) .. floor(high * L)`` (clipped to ``1..L-1``).
         slip: Probability that a move goes the other way.
         progress_reward: Reward on the turn the key is taken (0: a sparse outcome only).
-        weak_skill: Probability that ``weak_expert_action`` plays the expert's move.
+        weak_skill: Probability that ``weak_expert_action`` plays the expert's move rather than
+            ``near_end_action``'s (when it plays neither at random).
+        weak_random: Probability that ``weak_expert_action`` plays a random move (``random_action``).
         max_turns: Turn limit; None is ``2 * length + 2``.
         tool_parser: Parser name (the env has no tools; calls get "unknown tool").
 
@@ -136,7 +139,8 @@ class KeyDoorEnv(MultiTurnEnv):
 
     def __init__(self, length: int = 10, min_length: int | None = 6, *,
                  start_band: Sequence[float] = (0.4, 0.7), slip: float = 0.0, progress_reward: float = 0.0,
-                 weak_skill: float = WEAK_SKILL, max_turns: int | None = None, tool_parser: str = "hermes") -> None:
+                 weak_skill: float = WEAK_SKILL, weak_random: float = 0.0, max_turns: int | None = None,
+                 tool_parser: str = "hermes") -> None:
         if not _is_int(length) or length < MIN_LENGTH:
             raise ValueError(f"length must be an int >= {MIN_LENGTH}, got {length!r}")
         if min_length is not None and not (_is_int(min_length) and MIN_LENGTH <= min_length <= length):
@@ -144,7 +148,7 @@ class KeyDoorEnv(MultiTurnEnv):
         if (isinstance(start_band, str) or not isinstance(start_band, Sequence) or len(start_band) != 2
                 or not all(_is_prob(f) for f in start_band) or start_band[0] > start_band[1]):
             raise ValueError(f"start_band must be two fractions 0 <= low <= high <= 1, got {start_band!r}")
-        for name, value in (("slip", slip), ("weak_skill", weak_skill)):
+        for name, value in (("slip", slip), ("weak_skill", weak_skill), ("weak_random", weak_random)):
             if not _is_prob(value):
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
         if not isinstance(progress_reward, (int, float)) or isinstance(progress_reward, bool) \
@@ -153,7 +157,8 @@ class KeyDoorEnv(MultiTurnEnv):
         self.length = int(length)
         self.min_length = None if min_length is None else int(min_length)
         self.start_band = (float(start_band[0]), float(start_band[1]))
-        self.slip, self.progress_reward, self.weak_skill = float(slip), float(progress_reward), float(weak_skill)
+        self.slip, self.progress_reward = float(slip), float(progress_reward)
+        self.weak_skill, self.weak_random = float(weak_skill), float(weak_random)
         lengths = range(self.length if self.min_length is None else self.min_length, self.length + 1)
         self._tasks = {split: tasks(lengths, self.start_band, split) for split in ("train", "test")}
         empty = [split for split, found in self._tasks.items() if not found]
@@ -250,12 +255,15 @@ class KeyDoorEnv(MultiTurnEnv):
         return LEFT if rng.random() < 0.5 else RIGHT
 
     def weak_expert_action(self, rng: np.random.Generator) -> str:
-        """The warm-start player: the expert's move with p=``weak_skill``, else ``near_end_action``'s.
+        """The warm-start player: a random move with p=``weak_random``; else the expert's move with
+        p=``weak_skill``, else ``near_end_action``'s.
 
         Args:
             rng: The player's own generator (the env's ``np_random`` is not touched).
         """
         self._require_active("weak_expert_action()")
+        if self.weak_random and rng.random() < self.weak_random:
+            return self.random_action(rng)
         return self.expert_action() if rng.random() < self.weak_skill else self.near_end_action()
 
 
