@@ -22,6 +22,7 @@ ENV_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
     ("turnrl/Mastermind-v0", "turnrl.envs.games.mastermind:MastermindEnv"),
     ("turnrl/Wordle-v0", "turnrl.envs.games.wordle:WordleEnv"),
     ("turnrl/FrozenLake-v0", "turnrl.envs.games.frozen_lake:FrozenLakeEnv"),
+    ("turnrl/KeyDoor-v0", "turnrl.envs.games.key_door:KeyDoorEnv"),
     ("turnrl/Sokoban-v0", "turnrl.envs.games.sokoban:SokobanEnv"),
     ("turnrl/Household-v0", "turnrl.envs.games.household:HouseholdEnv"),
     ("turnrl/Mixture-v0", "turnrl.envs.mixture:MixtureEnv"),

@@ -8,6 +8,7 @@ Built-in ids (``registered_env_ids()``; ``python -m turnrl list-envs``):
 * ``turnrl/PythonCoding-v0``: write a function, run it in the sandbox, hidden tests decide;
 * ``turnrl/RetrievalQA-v0``: multi-hop questions over a generated corpus (BM25 search + open);
 * ``turnrl/FrozenLake-v0``, ``turnrl/Sokoban-v0``: grid puzzles as text;
+* ``turnrl/KeyDoor-v0``: a corridor walked to a key and back to a door (long horizons, one reward);
 * ``turnrl/Household-v0``: ALFWorld-style long-horizon household tasks;
 * ``turnrl/Mixture-v0``: tasks from several envs, routed per episode;
 * ``turnrl/ReasoningGym-v0``, ``turnrl/Taxi-v0``: adapters (reasoning-gym, gymnasium toy text).
@@ -21,6 +22,7 @@ from turnrl.envs.check import check
 from turnrl.envs.games.frozen_lake import FrozenLakeEnv
 from turnrl.envs.games.guess_number import GuessNumberEnv
 from turnrl.envs.games.household import HouseholdEnv
+from turnrl.envs.games.key_door import KeyDoorEnv
 from turnrl.envs.games.mastermind import MastermindEnv
 from turnrl.envs.mixture import MixtureEnv
 from turnrl.envs.tasks.python_coding import PythonCodingEnv
@@ -34,6 +36,7 @@ __all__ = [
     "FrozenLakeEnv",
     "GuessNumberEnv",
     "HouseholdEnv",
+    "KeyDoorEnv",
     "MastermindEnv",
     "Message",
     "MixtureEnv",

@@ -1,2 +1,2 @@
 """Games: feedback and puzzle envs with exact verifiers and scripted experts (guess the number,
-Mastermind, Wordle, FrozenLake, Sokoban, the ALFWorld-style household)."""
+Mastermind, Wordle, FrozenLake, Sokoban, KeyDoor, the ALFWorld-style household)."""
