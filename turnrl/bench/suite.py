@@ -489,7 +489,9 @@ def cell_settings(suite: Suite, cells: Sequence[Cell]) -> dict[str, dict[str, di
     """env -> method -> the declared factors' values of its cells' config."""
     out: dict[str, dict[str, dict]] = {}
     for cell in cells:
-        out.setdefault(cell.env, {}).setdefault(cell.method, factor_values(cell.cfg, suite.factors))
+        per_env = out.setdefault(cell.env, {})
+        if cell.method not in per_env:  # the seeds of a method share its settings: read its first
+            per_env[cell.method] = factor_values(cell.cfg, suite.factors)
     return out
 
 
@@ -604,9 +606,10 @@ def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -
                     missing.append(f"{env.name}/{method.name}/seed{seed}")
                 else:
                     records.append(saved["record"])
-                    flat = _flat(OmegaConf.to_container(OmegaConf.create(saved["config"])))
-                    settings.setdefault(env.name, {}).setdefault(
-                        method.name, {k: v for k, v in flat.items() if _is_factor(k, suite.factors)})
+                    per_env = settings.setdefault(env.name, {})
+                    if method.name not in per_env:  # the seeds of a method share its settings
+                        flat = _flat(OmegaConf.to_container(OmegaConf.create(saved["config"])))
+                        per_env[method.name] = {k: v for k, v in flat.items() if _is_factor(k, suite.factors)}
     if not records:
         raise SuiteError(f"{out} holds no finished run of suite {suite.name!r} ({len(missing)} cells, none with "
                          f"{RECORD_FILE}); run it first, without --report-only")
