@@ -320,19 +320,24 @@ def perf_targets(trl: Record, turns: Record, loop: Record, mfu: Record, sandbox:
     return markdown(["benchmark", "target", "measured", ""], rows)
 
 
-def _suite_records(r: Record) -> list[RunRecord]:
-    """The suite's runs from its committed per-seed CSVs (credit_suite_runs.csv: a row per run,
-    credit_suite_evals.csv: a row per evaluation), checked against the record's runs."""
-    records = records_from_csv(RESULTS / "credit_suite_runs.csv", RESULTS / "credit_suite_evals.csv")
+def _suite_records(r: Record, stem: str) -> list[RunRecord]:
+    """The suite's runs from the per-seed CSVs committed beside its record ``<stem>.json``
+    (``<stem>_runs.csv``: a row per run, ``<stem>_evals.csv``: a row per evaluation), checked
+    against the record's runs."""
+    records = records_from_csv(RESULTS / f"{stem}_runs.csv", RESULTS / f"{stem}_evals.csv")
     key = lambda run: (run["env"], run["algorithm"], run["seed"], run["after"], [list(e) for e in run["evals"]])  # noqa: E731
     if sorted(map(key, (asdict(x) for x in records))) != sorted(map(key, r.result["runs"])):
-        raise ValueError("docs/results/credit_suite_runs.csv / credit_suite_evals.csv do not hold the runs of "
-                         "credit_suite.json: copy them from the same suite run (scripts/records.sh credit_suite)")
+        raise ValueError(f"docs/results/{stem}_runs.csv / {stem}_evals.csv do not hold the runs of {stem}.json: "
+                         f"copy them from the same suite run (scripts/records.sh {stem})")
     return records
 
 
-def _suite_summaries(r: Record) -> list:
-    return summarize(_suite_records(r), r.result["baseline"], r.result["thresholds"])
+def _eval_episodes(res: dict) -> str:
+    """The evaluation size the record's envs ran (from each env's overrides; 256 where none is
+    stated, the suite's own value before records kept their envs)."""
+    sizes = {o.split("=", 1)[1] for overrides in res.get("envs", {}).values() for o in overrides
+             if o.startswith("trainer.eval_episodes=")} or {"256"}
+    return " / ".join(sorted(sizes, key=int))
 
 
 def _suite_caption(r: Record, detectable: bool = True) -> str:
@@ -340,8 +345,8 @@ def _suite_caption(r: Record, detectable: bool = True) -> str:
     methods = list(dict.fromkeys(run["algorithm"] for run in res["runs"]))
     seeds = res["seeds"]
     return (f"{len(seeds)} seeds ({min(seeds)}-{max(seeds)}, the same for every method), one shared warm start per env; final = held-out "
-            f"success, the mean of the last 3 evaluations of 256 episodes; [95% bootstrap CI] over seeds, each "
-            f"interval on its own; p = the exact paired permutation test's p of the difference, Holm-adjusted over "
+            f"success, the mean of the last 3 evaluations of {_eval_episodes(res)} episodes; [95% bootstrap CI] over "
+            f"seeds, each interval on its own; p = the exact paired permutation test's p of the difference, Holm-adjusted over "
             f"the {len(methods) - 1} comparisons of an env (below 0.05: a difference the seeds support after the "
             f"correction; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g})"
             + ("; detectable diff = the smallest mean difference these seeds detect with 80% power after that "
@@ -359,33 +364,38 @@ def _controls(res: dict) -> str:
             "config's default), so their differences hold the aggregation's too.")
 
 
-def credit_suite_summary(r: Record) -> str:
-    """The credit suite at a glance: each env's GRPO gain and every method's paired difference."""
-    by_env: dict[str, dict] = {}
-    for m in _suite_summaries(r):
-        by_env.setdefault(m.env, {})[m.method] = m
-    methods = list(next(iter(by_env.values())))
-    before = {}
-    for run in r.result["runs"]:
-        before.setdefault(run["env"], run["before"])
-    rows = []
-    for env, ms in by_env.items():
-        base = ms[r.result["baseline"]].final
-        row = [f"`{env}`", f"{before[env]:.2f} -> {base.mean:.2f} [{base.low:.2f}, {base.high:.2f}]"]
-        for method in methods[1:]:
-            d = ms[method].diff
-            row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {ms[method].ahead} / {ms[method].behind}, "
-                       f"p {ms[method].p_holm:.2f}")
-        rows.append(row)
-    head = ["env", f"{methods[0]}: before -> final"] + [f"{m}: diff, seeds ahead / behind, p" for m in methods[1:]]
-    return markdown(head, rows) + "\n\n" + _suite_caption(r, detectable=False)
+def credit_suite_summary(stem: str, detectable: bool = False) -> Callable[[Record], str]:
+    """The suite record ``<stem>.json`` at a glance: each env's baseline gain and every method's
+    paired difference (and, with ``detectable``, the difference its seeds could have detected)."""
+    def table(r: Record) -> str:
+        by_env: dict[str, dict] = {}
+        for m in summarize(_suite_records(r, stem), r.result["baseline"], r.result["thresholds"]):
+            by_env.setdefault(m.env, {})[m.method] = m
+        methods = list(next(iter(by_env.values())))
+        before = {}
+        for run in r.result["runs"]:
+            before.setdefault(run["env"], run["before"])
+        rows = []
+        for env, ms in by_env.items():
+            base = ms[r.result["baseline"]].final
+            row = [f"`{env}`", f"{before[env]:.2f} -> {base.mean:.2f} [{base.low:.2f}, {base.high:.2f}]"]
+            for method in methods[1:]:
+                m = ms[method]
+                d = m.diff
+                row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {m.ahead} / {m.behind}, p {m.p_holm:.2f}"
+                           + (f", detectable {m.detectable:.2f}" if detectable else ""))
+            rows.append(row)
+        head = ["env", f"{methods[0]}: before -> final"] + [
+            f"{m}: diff, seeds ahead / behind, p" + (", detectable diff" if detectable else "") for m in methods[1:]]
+        return markdown(head, rows) + "\n\n" + _suite_caption(r, detectable=detectable)
+    return table
 
 
-def credit_suite_env(env: str) -> Callable[[Record], str]:
-    """The credit suite's table of one env (``turnrl.bench.suite.record_table``)."""
+def credit_suite_env(stem: str, env: str) -> Callable[[Record], str]:
+    """The table of one env of the suite record ``<stem>.json`` (``turnrl.bench.suite.record_table``)."""
     def table(r: Record) -> str:
         res = r.result
-        return records_table(_suite_records(r), res["baseline"], res["thresholds"], env) + "\n\n" + _suite_caption(r) + (
+        return records_table(_suite_records(r, stem), res["baseline"], res["thresholds"], env) + "\n\n" + _suite_caption(r) + (
             " Wall times are two runs at a time on 2 cores beside other work on the machine: not a speed figure.")
     return table
 
@@ -487,9 +497,9 @@ TABLES: dict[str, Table] = {
     "keep_rollouts": _one("bench_keep_rollouts.json", keep_rollouts),
     "view_load": _one("bench_view.json", view_load),
     "baselines": _one("baselines.json", baselines),
-    "credit_suite_summary": _one("credit_suite.json", credit_suite_summary),
-    "credit_suite_guess_number_long": _one("credit_suite.json", credit_suite_env("guess_number_long")),
-    "credit_suite_frozen_lake_long": _one("credit_suite.json", credit_suite_env("frozen_lake_long")),
+    "credit_suite_summary": _one("credit_suite.json", credit_suite_summary("credit_suite")),
+    "credit_suite_guess_number_long": _one("credit_suite.json", credit_suite_env("credit_suite", "guess_number_long")),
+    "credit_suite_frozen_lake_long": _one("credit_suite.json", credit_suite_env("credit_suite", "frozen_lake_long")),
     "perf_targets": Table(("bench_trl.json", "bench_turns.json", "bench_learner_loop.json", "bench_mfu_cpu.json",
                            "bench_sandbox.json", "bench_learner_scaling.json", "bench_vllm_rollout.json",
                            "bench_turns_qwen_layers.json"),

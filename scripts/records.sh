@@ -12,6 +12,8 @@
 #                                    # per-seed rows (credit_suite_runs.csv, one per run;
 #                                    # credit_suite_evals.csv, one per evaluation) and the suite as it
 #                                    # ran (credit_suite.yaml) are kept beside it
+#   scripts/records.sh credit_suite_key_door  # its key_door_long env with GRPO, RLOO and the turn-level
+#                                    # methods, 10 seeds (about an hour on 2 cores; same run folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -40,6 +42,7 @@ declare -A RECORDS=(
   [eval_demo]="scripts/eval_demo.py --json $OUT/eval_demo.json"
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
   [credit_suite]="-m turnrl bench --suite credit --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite.json"
+  [credit_suite_key_door]="-m turnrl bench --suite credit --envs key_door_long --methods grpo rloo gigpo turn_gae bilevel_gae turn_ppo --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite_key_door.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
 ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async corrections keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers
@@ -60,10 +63,10 @@ for name in "${names[@]}"; do
   # shellcheck disable=SC2086
   "$PY" ${RECORDS[$name]}
   [[ $name == credit_lab ]] && cp "${TMPDIR:-/tmp}/turnrl-credit-lab/lab.png" docs/credit_lab.png
-  if [[ $name == credit_suite ]]; then
-    cp $SUITE_OUT/results.csv $OUT/credit_suite_runs.csv
-    cp $SUITE_OUT/evals.csv $OUT/credit_suite_evals.csv
-    cp $SUITE_OUT/suite.yaml $OUT/credit_suite.yaml
+  if [[ $name == credit_suite* ]]; then
+    cp $SUITE_OUT/results.csv $OUT/${name}_runs.csv
+    cp $SUITE_OUT/evals.csv $OUT/${name}_evals.csv
+    cp $SUITE_OUT/suite.yaml $OUT/${name}.yaml
   fi
   echo "== $name: $((SECONDS - start)) s"
 done

@@ -40,13 +40,13 @@ def test_the_credit_suite_runs_every_method_with_ten_seeds_and_one_aggregation_a
     suite = load_suite("credit")
     assert [m.name for m in suite.methods][:10] == ["grpo", "rloo", "turn_returns", "gigpo", "mt_grpo", "turn_gae",
                                                     "bilevel_gae", "turn_ppo", "gspo", "cispo"]
-    assert suite.baseline == "grpo" and suite.seeds == tuple(range(10)) and len(suite.envs) == 2
+    assert suite.baseline == "grpo" and suite.seeds == tuple(range(10)) and len(suite.envs) == 3
     # the aggregation is held fixed; the methods that change it are the declared factor's levels
     assert "algorithm.loss_agg=token-mean" in suite.shared and suite.factors == ("algorithm.loss_agg",)
     factor_levels = [m for m in suite.methods if any(o.startswith("algorithm.loss_agg=") for o in m.overrides)]
     assert [m.name for m in factor_levels] == ["grpo_seq_mean", "turn_returns_seq_mean", "turn_gae_seq_mean",
                                                "turn_ppo_turn_mean"]
-    assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long"]
+    assert [e.name for e in suite.envs] == ["guess_number_long", "frozen_lake_long", "key_door_long"]
     for env in suite.envs:  # each env states its sample budget in its entry
         keys = {o.split("=")[0] for o in env.overrides}
         assert {"env", "trainer.tasks_per_step", "trainer.group_size", "trainer.steps"} <= keys, env.name
@@ -367,6 +367,7 @@ def test_json_writes_a_record_that_rebuilds_the_suites_tables(finished, tmp_path
     assert saved.command.startswith("python ") and len(saved.commit or "") == 40
     result = saved.result
     assert result["baseline"] == "grpo" and result["thresholds"] == {"guess": 0.3} and result["missing"] == []
+    assert result["envs"] == {"guess": ["env=guess_number"]}  # each env's budget and evaluation, as the suite set them
     assert [(r["algorithm"], r["seed"]) for r in result["runs"]] == [("grpo", 0), ("grpo", 1), ("rloo", 0), ("rloo", 1)]
     table = (out / "table.md").read_text()
     assert bench_suite.record_table(result) in table

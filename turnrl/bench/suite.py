@@ -620,8 +620,8 @@ def report_suite(suite: Suite, out: str | Path, overrides: Sequence[str] = ()) -
 def write_record(path: str | Path, suite: Suite, records: Sequence[RunRecord], overrides: Sequence[str] = (),
                  missing: Sequence[str] = ()) -> None:
     """Write the suite's runs as a benchmark record (``turnrl.bench.record``) at ``path``: every
-    run's figures, the baseline and thresholds, the overrides and the cells not run, from which
-    ``record_table`` rebuilds the suite's tables.
+    run's figures, the baseline and thresholds, each env's overrides (its budget and evaluation),
+    the overrides and the cells not run, from which ``record_table`` rebuilds the suite's tables.
 
     Raises:
         SuiteError: When the methods of an env ran different seeds (a record compares methods on
@@ -633,6 +633,7 @@ def write_record(path: str | Path, suite: Suite, records: Sequence[RunRecord], o
                          "pass --seeds with the seeds every method has")
     bench_record.write(path, {"suite": suite.name, "baseline": suite.baseline, "thresholds": suite.thresholds,
                               "seeds": list(suite.seeds), "shared": list(suite.shared), "factors": list(suite.factors),
+                              "envs": {e.name: list(e.overrides) for e in suite.envs},
                               "overrides": list(overrides), "missing": list(missing),
                               "runs": [asdict(r) for r in records]})
 
