@@ -33,7 +33,7 @@ from turnrl.bench.credit_lab.report import BATCH_CELLS, tables_markdown  # noqa:
 from turnrl.bench.record import Record, load  # noqa: E402
 from turnrl.bench.report import markdown  # noqa: E402
 from turnrl.bench.stats import RunRecord, summarize  # noqa: E402
-from turnrl.bench.report import records_from_csv  # noqa: E402
+from turnrl.bench.report import format_detectable, records_from_csv  # noqa: E402
 from turnrl.bench.suite import records_table  # noqa: E402
 from turnrl.envs.baselines import Baseline, format_table  # noqa: E402
 from turnrl.eval.report import EvalReport  # noqa: E402
@@ -340,18 +340,24 @@ def _eval_episodes(res: dict) -> str:
     return " / ".join(sorted(sizes, key=int))
 
 
-def _suite_caption(r: Record, detectable: bool = True) -> str:
+def _suite_caption(r: Record) -> str:
     res = r.result
-    methods = list(dict.fromkeys(run["algorithm"] for run in res["runs"]))
+    m = len(dict.fromkeys(run["algorithm"] for run in res["runs"])) - 1  # comparisons with the baseline
     seeds = res["seeds"]
+    if m == 1:
+        corrected = ", and a difference's second interval the same (one comparison: nothing to correct)"
+        adjusted = "(one comparison: no adjustment"
+    else:
+        corrected = (f", and a difference's second interval corrected for the {m} comparisons (Bonferroni, at "
+                     f"1 - 0.05/{m}: together they hold the true differences with 95%)")
+        adjusted = (f"Holm-adjusted over the {m} comparisons of an env (below 0.05: a difference the seeds support "
+                    f"after the correction")
     return (f"{len(seeds)} seeds ({min(seeds)}-{max(seeds)}, the same for every method), one shared warm start per env; final = held-out "
             f"success, the mean of the last 3 evaluations of {_eval_episodes(res)} episodes; [95% bootstrap CI] over "
-            f"seeds, each interval on its own; p = the exact paired permutation test's p of the difference, Holm-adjusted over "
-            f"the {len(methods) - 1} comparisons of an env (below 0.05: a difference the seeds support after the "
-            f"correction; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g})"
-            + ("; detectable diff = the smallest mean difference these seeds detect with 80% power after that "
-               "correction, given the measured spread of the per-seed differences" if detectable else "")
-            + ". " + _controls(res))
+            f"seeds, each interval on its own{corrected}; p = the exact paired permutation test's p "
+            f"of the difference, {adjusted}; with {len(seeds)} seeds the smallest possible is {2 / 2 ** len(seeds):.3g})"
+            + "; detectable diff = the smallest mean difference these seeds detect with 80% power after that "
+              "correction, given the measured spread of the per-seed differences. " + _controls(res))
 
 
 def _controls(res: dict) -> str:
@@ -364,9 +370,9 @@ def _controls(res: dict) -> str:
             "config's default), so their differences hold the aggregation's too.")
 
 
-def credit_suite_summary(stem: str, detectable: bool = False) -> Callable[[Record], str]:
+def credit_suite_summary(stem: str) -> Callable[[Record], str]:
     """The suite record ``<stem>.json`` at a glance: each env's baseline gain and every method's
-    paired difference (and, with ``detectable``, the difference its seeds could have detected)."""
+    paired difference, its corrected interval, p and the difference its seeds could have detected."""
     def table(r: Record) -> str:
         by_env: dict[str, dict] = {}
         for m in summarize(_suite_records(r, stem), r.result["baseline"], r.result["thresholds"]):
@@ -382,12 +388,31 @@ def credit_suite_summary(stem: str, detectable: bool = False) -> Callable[[Recor
             for method in methods[1:]:
                 m = ms[method]
                 d = m.diff
-                row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {m.ahead} / {m.behind}, p {m.p_holm:.2f}"
-                           + (f", detectable {m.detectable:.2f}" if detectable else ""))
+                row.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}] [{m.diff_adjusted.low:+.2f}, "
+                           f"{m.diff_adjusted.high:+.2f}], {m.ahead} / {m.behind}, p {m.p_holm:.2f}, "
+                           f"detectable {format_detectable(m.detectable)}")
             rows.append(row)
         head = ["env", f"{methods[0]}: before -> final"] + [
-            f"{m}: diff, seeds ahead / behind, p" + (", detectable diff" if detectable else "") for m in methods[1:]]
-        return markdown(head, rows) + "\n\n" + _suite_caption(r, detectable=detectable)
+            f"{m}: diff [corrected], seeds ahead / behind, p, detectable diff" for m in methods[1:]]
+        return markdown(head, rows) + "\n\n" + _suite_caption(r)
+    return table
+
+
+def credit_suite_confirmed(main: str, confirm: str) -> Callable[[Record, Record], str]:
+    """The suite record ``<main>.json`` at a glance (``credit_suite_summary``), then each method of the record ``<confirm>.json``, run on other seeds, against
+    the baseline: its paired difference and exact p over those seeds alone."""
+    def table(r: Record, c: Record) -> str:
+        base = c.result["baseline"]
+        lines = []
+        summaries = [m for m in summarize(_suite_records(c, confirm), base, c.result["thresholds"]) if m.method != base]
+        seeds = c.result["seeds"]
+        for m in summaries:
+            d = m.diff
+            test = "no other comparison" if len(summaries) == 1 else f"Holm-adjusted over {len(summaries)} comparisons"
+            lines.append(f"On {len(seeds)} other seeds ({min(seeds)}-{max(seeds)}), `{m.method}` against `{base}` alone on "
+                         f"`{m.env}`: {d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], ahead in {m.ahead} seeds and behind in "
+                         f"{m.behind}, p {m.p_holm:.3g} (the exact paired test, {test}).")
+        return credit_suite_summary(main)(r) + "\n\n" + "\n".join(lines)
     return table
 
 
@@ -497,9 +522,13 @@ TABLES: dict[str, Table] = {
     "keep_rollouts": _one("bench_keep_rollouts.json", keep_rollouts),
     "view_load": _one("bench_view.json", view_load),
     "baselines": _one("baselines.json", baselines),
-    "credit_suite_summary": _one("credit_suite.json", credit_suite_summary("credit_suite")),
     "credit_suite_guess_number_long": _one("credit_suite.json", credit_suite_env("credit_suite", "guess_number_long")),
     "credit_suite_frozen_lake_long": _one("credit_suite.json", credit_suite_env("credit_suite", "frozen_lake_long")),
+    "credit_suite_key_door_long": _one("credit_suite_key_door.json", credit_suite_env("credit_suite_key_door", "key_door_long")),
+    "credit_suite_key_door_readme": Table(("credit_suite_key_door.json", "credit_suite_key_door_confirm.json"),
+                                          credit_suite_confirmed("credit_suite_key_door", "credit_suite_key_door_confirm")),
+    "credit_suite_key_door_confirm": _one("credit_suite_key_door_confirm.json",
+                                          credit_suite_env("credit_suite_key_door_confirm", "key_door_long")),
     "perf_targets": Table(("bench_trl.json", "bench_turns.json", "bench_learner_loop.json", "bench_mfu_cpu.json",
                            "bench_sandbox.json", "bench_learner_scaling.json", "bench_vllm_rollout.json",
                            "bench_turns_qwen_layers.json"),
@@ -518,7 +547,7 @@ def render(name: str) -> str:
     else:
         source = "*From " + ", ".join(f"`docs/results/{file}` ({r.commit[:10] if r.commit else 'no commit'}, "
                                       f"{r.date[:10]})" for file, r in zip(table.records, records)) + \
-                 ": each section below names its command and machine.*"
+                 ": each record names its command and machine.*"
     return f"{table.markdown(*records)}\n\n{source}"
 
 

@@ -14,6 +14,8 @@
 #                                    # ran (credit_suite.yaml) are kept beside it
 #   scripts/records.sh credit_suite_key_door  # its key_door_long env with GRPO, RLOO and the turn-level
 #                                    # methods, 10 seeds (about an hour on 2 cores; same run folder)
+#   scripts/records.sh credit_suite_key_door_confirm  # GiGPO against GRPO there on 10 fresh seeds
+#                                    # (10-19), one comparison: the confirmation of what seeds 0-9 showed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -43,6 +45,7 @@ declare -A RECORDS=(
   [credit_lab]="-m turnrl credit-lab --out ${TMPDIR:-/tmp}/turnrl-credit-lab --no-progress --json $OUT/credit_lab.json"
   [credit_suite]="-m turnrl bench --suite credit --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite.json"
   [credit_suite_key_door]="-m turnrl bench --suite credit --envs key_door_long --methods grpo rloo gigpo turn_gae bilevel_gae turn_ppo --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite_key_door.json"
+  [credit_suite_key_door_confirm]="-m turnrl bench --suite credit --envs key_door_long --methods grpo gigpo --seeds 10 11 12 13 14 15 16 17 18 19 --workers 2 --no-progress --out $SUITE_OUT --json $OUT/credit_suite_key_door_confirm.json"
   [readme_demo]="scripts/readme_demo.py --json $OUT/readme_demo.json"
 )
 ORDER=(learner_loop learner_scaling segments mfu sandbox trl vllm_rollout weight_push routing gateway scale async corrections keep_rollouts view eval_demo baselines credit_lab turns turns_qwen_layers

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from turnrl.bench.stats import MethodSummary, RunRecord, samples_to_threshold
+from turnrl.bench.stats import Interval, MethodSummary, RunRecord, samples_to_threshold
 
 
 def _mean_std(values: list[float]) -> str:
@@ -145,7 +145,8 @@ def html_report(records: list[RunRecord], title: str, plot_path: str | Path, pat
 
 
 # ------------------------------------------------------------------------- the suite's tables
-SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI]", "seeds ahead / behind",
+SUITE_HEAD = ["method", "seeds", "final success [95% CI]", "diff vs {baseline} [95% CI] [corrected]",
+              "seeds ahead / behind",
               "p: sign / exact paired / Holm", "detectable diff (80% power)",
               "episodes to {threshold:g} (seeds reached)", "AUC [95% CI]", "tokens / run", "wall time / run"]
 
@@ -166,15 +167,24 @@ def suite_rows(summaries: Sequence[MethodSummary]) -> dict[str, list[list[str]]]
         samples = "not reached" if m.samples_median is None else _count(m.samples_median)
         tables.setdefault(m.env, []).append([
             m.method, str(len(m.seeds)), m.final.format(),
-            "baseline" if m.diff is None else m.diff.format(signed=True),
+            "baseline" if m.diff is None else m.diff.format(signed=True) + _corrected(m.diff_adjusted),
             "" if m.diff is None else f"{m.ahead} / {m.behind}",
             "" if m.p_exact is None else f"{m.p_sign:.3g} / {m.p_exact:.3g} / {m.p_holm:.3g}",
-            _detectable(m.detectable),
+            format_detectable(m.detectable),
             f"{samples} ({m.reached}/{len(m.seeds)})", m.auc.format(), _count(m.tokens), f"{m.wall_s:.0f} s"])
     return tables
 
 
-def _detectable(value: float | None) -> str:
+def _corrected(interval: Interval | None) -> str:
+    """The Bonferroni-corrected interval of a difference, after its 95% one: " [-0.01, +0.17]"."""
+    if interval is None or math.isnan(interval.low):
+        return ""
+    return f" [{interval.low:+.2f}, {interval.high:+.2f}]"
+
+
+def format_detectable(value: float | None) -> str:
+    """A detectable difference (``stats.detectable_effect`` x spread) as a table shows it: empty
+    for the baseline, "none (too few seeds)" where no p-value can reach the level."""
     if value is None:
         return ""
     return "none (too few seeds)" if math.isinf(value) else f"±{value:.2f}"
@@ -274,7 +284,7 @@ def summary_csv_rows(summaries: Sequence[MethodSummary]) -> list[dict]:
         return {f"{name}_mean": i.mean, f"{name}_low": i.low, f"{name}_high": i.high}
 
     return [{"env": m.env, "method": m.method, "seeds": len(m.seeds), **bounds("final", m.final),
-             **bounds("diff", m.diff), "seeds_ahead": m.ahead, "seeds_behind": m.behind,
+             **bounds("diff", m.diff), **bounds("diff_corrected", m.diff_adjusted), "seeds_ahead": m.ahead, "seeds_behind": m.behind,
              "p_sign": m.p_sign, "p_exact": m.p_exact, "p_holm": m.p_holm, "detectable_diff": m.detectable,
              **bounds("auc", m.auc),
              "threshold": m.threshold,
@@ -289,7 +299,9 @@ def suite_html(summaries: Sequence[MethodSummary], records: Sequence[RunRecord],
     intro = (f"<p>Held-out success is greedy decoding on each env's test split. Final success is the mean of a "
              f"run's last 3 evaluations; AUC the mean over all its evaluations. Every interval is a 95% percentile "
              f"bootstrap interval of the mean over seeds (n/a with one seed); the difference against "
-             f"{html.escape(baseline)} pairs runs of the same seed, and the seeds ahead / behind count those pairs "
+             f"{html.escape(baseline)} pairs runs of the same seed; its second interval [corrected] is at 1 - 0.05/m "
+             f"over the env's m comparisons (Bonferroni: all of them hold together with 95%). The seeds ahead / "
+             f"behind count those pairs "
              f"whose final success is above / below {html.escape(baseline)}'s. p: the exact sign test, the exact "
              f"paired permutation (sign-flip) test, and the latter Holm-adjusted over the env's comparisons with "
              f"{html.escape(baseline)}. Detectable diff: the smallest mean difference these seeds would detect with "

@@ -300,6 +300,11 @@ class MethodSummary:
     # means per run
     tokens: float
     wall_s: float
+    # ``diff`` at confidence 1 - 0.05/m over the env's m comparisons with the baseline (Bonferroni):
+    # the m intervals hold their true differences together with probability >= 95%, so one that
+    # excludes 0 is a difference after the correction (the interval's counterpart of a Holm p
+    # below 0.05; the bootstrap and the exact test can disagree at the edge). None: the baseline
+    diff_adjusted: Interval | None = None
 
 
 def growth_exponent(sizes: Sequence[float], costs: Sequence[float]) -> float:
@@ -333,6 +338,7 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
             raise ValueError(f"two runs of env {r.env!r}, method {r.algorithm!r}, seed {r.seed}")
         runs[r.seed] = r
     out = []
+    pairs: dict[int, tuple[dict, dict]] = {}  # index in out -> (finals, baseline's finals) of a compared method
     for (env, method), runs in by_cell.items():
         if env not in thresholds:
             raise ValueError(f"no success threshold for env {env!r} (thresholds for {sorted(thresholds)})")
@@ -342,6 +348,7 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
         if method != baseline and base is not None:
             base_final = {s: r.after for s, r in base.items()}
             diff = paired_ci(final, base_final, seed=seed)
+            pairs[len(out)] = (final, base_final)
             deltas = list(paired_differences(final, base_final).values())
             ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
             p_sign, p_exact = sign_test_p(deltas), exact_paired_p(deltas, seed)
@@ -360,7 +367,8 @@ def summarize(records: Sequence[RunRecord], baseline: str, thresholds: Mapping[s
         for i, adjusted in zip(tested, holm([out[i].p_exact for i in tested])):
             sd = out[i].detectable  # the sd of the differences, until scaled here
             detectable = None if sd is None else detectable_effect(len(out[i].seeds), len(tested)) * sd
-            out[i] = replace(out[i], p_holm=adjusted, detectable=detectable)
+            adjusted_ci = paired_ci(*pairs[i], confidence=1 - (1 - CONFIDENCE) / len(tested), seed=seed)
+            out[i] = replace(out[i], p_holm=adjusted, detectable=detectable, diff_adjusted=adjusted_ci)
     return out
 
 
