@@ -399,8 +399,9 @@ def credit_suite_summary(stem: str) -> Callable[[Record], str]:
 
 
 def credit_suite_confirmed(main: str, confirm: str) -> Callable[[Record, Record], str]:
-    """The suite record ``<main>.json`` at a glance (``credit_suite_summary``), then each method of the record ``<confirm>.json``, run on other seeds, against
-    the baseline: its paired difference and exact p over those seeds alone."""
+    """The suite record ``<main>.json`` at a glance (``credit_suite_summary``), then each method of
+    the record ``<confirm>.json``, run on other seeds, against the baseline: its paired difference
+    and exact p over those seeds alone."""
     def table(r: Record, c: Record) -> str:
         base = c.result["baseline"]
         lines = []
